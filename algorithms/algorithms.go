@@ -1,0 +1,100 @@
+// Package algorithms holds sluice's five rate-limit algorithms, each twice:
+// as a pure state transition in Go (the in-process engine, and the reference
+// model the Lua is tested against) and as the Redis script that makes the
+// same transition atomically on the server.
+//
+// Everything here counts time in integer microseconds and events in whole
+// numbers, so that the Go and Lua twins agree to the last microsecond.
+// Callers validate Params and n (see package throttle); this package assumes
+// 1 <= n <= capacity and the 2^53 bounds that Params.Check enforces.
+package algorithms
+
+import "fmt"
+
+// MaxExact is the largest integer every intermediate value must stay below:
+// Lua numbers are doubles and hold integers exactly up to 2^53.
+const MaxExact = 1 << 53
+
+// Params is the shape of one limit, in the units the transitions use.
+type Params struct {
+	Limit   int64 // events per Period
+	Period  int64 // µs
+	Burst   int64 // token_bucket and leaky_bucket: capacity in events
+	Windows int64 // sliding_counter: sub-windows per Period
+}
+
+// Result is one decision. All durations are µs.
+type Result struct {
+	Allowed    bool
+	Remaining  int64 // events that could still be admitted now
+	RetryAfter int64 // 0 when allowed; else the wait after which the same call fits
+	ResetAfter int64 // until the state is back to its initial value (the TTL it needs)
+}
+
+// State is one key's state under one algorithm. Step decides whether n
+// events may happen at now and, if they may, records them; a denied Step
+// changes nothing but what has already expired.
+type State interface {
+	Step(p Params, now, n int64) Result
+}
+
+// Algorithm ties an algorithm's name to its initial state and its script.
+type Algorithm struct {
+	Name     string
+	NewState func() State
+	Script   *Script
+	// Capacity is the largest n a single call can ever be admitted with.
+	Capacity func(p Params) int64
+}
+
+func limitCapacity(p Params) int64 { return p.Limit }
+func burstCapacity(p Params) int64 { return p.Burst }
+
+// All lists the five algorithms.
+var All = []*Algorithm{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket}
+
+// ByName returns the algorithm called name, or nil.
+func ByName(name string) *Algorithm {
+	for _, a := range All {
+		if a.Name == name {
+			return a
+		}
+	}
+	return nil
+}
+
+// Check reports the first way in which p cannot be run exactly by a, naming
+// the Spec field at fault (throttle wraps it in ErrInvalidSpec).
+func (a *Algorithm) Check(p Params) error {
+	switch {
+	case p.Limit <= 0:
+		return fmt.Errorf("Limit must be > 0, got %d", p.Limit)
+	case p.Period < 1000:
+		return fmt.Errorf("Period must be at least 1ms, got %dµs", p.Period)
+	case p.Limit >= MaxExact || p.Period >= MaxExact/1000:
+		return fmt.Errorf("Limit %d or Period %dµs is too large", p.Limit, p.Period)
+	}
+	switch a {
+	case SlidingCounter:
+		if p.Windows < 1 || p.Windows > 1000 {
+			return fmt.Errorf("Windows must be between 1 and 1000, got %d", p.Windows)
+		}
+		if p.Period%p.Windows != 0 {
+			return fmt.Errorf("Windows must divide Period into whole microseconds, got Period %dµs / Windows %d", p.Period, p.Windows)
+		}
+	case TokenBucket, LeakyBucket:
+		if p.Burst <= 0 {
+			return fmt.Errorf("Burst must be >= 0 (0 means Limit), got %d", p.Burst)
+		}
+		// Buckets count in units of 1/Period: Burst*Period (+ one Limit of
+		// refill) must stay exact in Lua.
+		if p.Burst > (MaxExact-p.Limit)/p.Period {
+			return fmt.Errorf("Burst %d × Period %dµs exceeds 2^53 µs; lower Burst or Period", p.Burst, p.Period)
+		}
+	}
+	return nil
+}
+
+func floorDiv(a, b int64) int64 { return a / b }
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

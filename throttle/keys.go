@@ -1,0 +1,44 @@
+package throttle
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
+
+// maxTagLen bounds the caller's part of a key; longer ones are hashed.
+const maxTagLen = 128
+
+// redisKey is the one place where a caller's key becomes a Redis key:
+// prefix + "{" + tag + "}". The tag is the caller's key with every byte that
+// could end or open a hash tag, '%' itself, '#', and every byte outside
+// printable ASCII percent-escaped, so distinct keys give distinct tags, and no
+// key can move itself to another cluster slot. Tags longer than maxTagLen
+// become '#' + a hash: '#' never appears unescaped otherwise. The empty key
+// becomes "%", which no escape produces (escapes are always "%XX").
+func redisKey(prefix, key string) string {
+	return prefix + "{" + hashTag(key) + "}"
+}
+
+func hashTag(key string) string {
+	if key == "" {
+		return "%"
+	}
+	const hexDigits = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if c == '{' || c == '}' || c == '%' || c == '#' || c <= ' ' || c > '~' {
+			b.WriteByte('%')
+			b.WriteByte(hexDigits[c>>4])
+			b.WriteByte(hexDigits[c&15])
+		} else {
+			b.WriteByte(c)
+		}
+		if b.Len() > maxTagLen {
+			sum := sha256.Sum256([]byte(key))
+			return "#" + hex.EncodeToString(sum[:16])
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,158 @@
+// Package throttle answers one question for sluice and for any Go service:
+// may n events for this key happen now, and if not, exactly when?
+//
+// It offers five algorithms (fixed window, sliding window log, sliding window
+// counter, token bucket, leaky bucket) on two engines with the same
+// decisions: New runs each decision as one atomic Lua script on Redis or
+// Redis Cluster, with Redis's clock, so a whole fleet shares one limit;
+// NewLocal runs it in process.
+//
+//	lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 10, Period: time.Second})
+//	d, err := lim.AllowN(ctx, "api:alice", 1)
+//	if !d.Allowed {
+//		time.Sleep(d.RetryAfter)
+//	}
+//
+// A denial is a Decision, not an error; errors mean bad input (ErrInvalidCost)
+// or a failed backend.
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
+
+// Algorithm names a rate-limit algorithm.
+type Algorithm string
+
+// The five algorithms. Each admits at most Limit events per Period; they
+// differ in how they see time.
+const (
+	// FixedWindow counts events in windows [k*Period, (k+1)*Period) since the
+	// Unix epoch. Cheapest; allows up to 2*Limit across a window boundary.
+	FixedWindow Algorithm = "fixed_window"
+	// SlidingLog admits at most Limit events in any interval (t-Period, t].
+	// Exact; keeps one entry per admitted event.
+	SlidingLog Algorithm = "sliding_log"
+	// SlidingCounter sums the counts of the last Windows sub-windows of
+	// Period/Windows each. Nearly as smooth as SlidingLog with Windows counters.
+	SlidingCounter Algorithm = "sliding_counter"
+	// TokenBucket starts with Burst tokens and refills continuously at
+	// Limit per Period; an event takes a token.
+	TokenBucket Algorithm = "token_bucket"
+	// LeakyBucket starts empty and leaks continuously at Limit per Period; an
+	// event fits while the level stays within Burst. With Burst 1 events are
+	// spaced exactly Period/Limit apart.
+	LeakyBucket Algorithm = "leaky_bucket"
+)
+
+// Algorithms lists the five algorithms.
+var Algorithms = []Algorithm{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket}
+
+// Spec describes one limit.
+type Spec struct {
+	Algorithm Algorithm
+	Limit     int           // events per Period
+	Period    time.Duration // at least 1ms, in whole microseconds
+	Burst     int           // token_bucket: capacity; leaky_bucket: bucket size; 0 means Limit
+	Windows   int           // sliding_counter: sub-windows per Period; 0 means 10
+}
+
+// Decision is the answer to one AllowN call.
+//
+// For a token bucket of Limit 10 per second and Burst 5 that has just
+// admitted 5 events: Allowed is false for the next one, Remaining is 0,
+// RetryAfter is 100ms (one token's time) and ResetAfter is 500ms (until the
+// bucket is full again).
+type Decision struct {
+	Allowed    bool
+	Remaining  int           // events that could still be admitted now
+	RetryAfter time.Duration // 0 when allowed; when denied: the exact wait after which the same call is allowed if nothing else happens
+	ResetAfter time.Duration // until the key is back to its initial state
+}
+
+// Limiter decides whether events may happen.
+type Limiter interface {
+	// AllowN reports whether n events for key may happen now and, if they
+	// may, records them. A denied call records nothing.
+	AllowN(ctx context.Context, key string, n int) (Decision, error)
+}
+
+// Clock tells the time. By default the Redis engine uses Redis's clock and
+// the local engine the system clock; tests inject their own with WithClock.
+type Clock interface{ Now() time.Time }
+
+// Errors for bad input, wrapped with a message that names the field at fault.
+var (
+	// ErrInvalidSpec is wrapped by New and NewLocal when the Spec is unusable.
+	ErrInvalidSpec = errors.New("throttle: invalid spec")
+	// ErrInvalidCost is wrapped by AllowN when n <= 0 or n could never be
+	// admitted (more than Limit, or than Burst for the buckets).
+	ErrInvalidCost = errors.New("throttle: invalid cost")
+)
+
+// compiled is a validated Spec in the units the algorithms use.
+type compiled struct {
+	algorithm *algorithms.Algorithm
+	params    algorithms.Params
+	capacity  int64 // the largest n ever admitted
+}
+
+func compile(spec Spec) (compiled, error) {
+	algorithm := algorithms.ByName(string(spec.Algorithm))
+	if algorithm == nil {
+		return compiled{}, fmt.Errorf("%w: Spec.Algorithm must be one of %v, got %q", ErrInvalidSpec, Algorithms, spec.Algorithm)
+	}
+	if spec.Period%time.Microsecond != 0 {
+		return compiled{}, fmt.Errorf("%w: Spec.Period must be a whole number of microseconds, got %v", ErrInvalidSpec, spec.Period)
+	}
+	if spec.Burst < 0 {
+		return compiled{}, fmt.Errorf("%w: Spec.Burst must be >= 0 (0 means Limit), got %d", ErrInvalidSpec, spec.Burst)
+	}
+	if spec.Windows < 0 {
+		return compiled{}, fmt.Errorf("%w: Spec.Windows must be >= 0 (0 means 10), got %d", ErrInvalidSpec, spec.Windows)
+	}
+	p := algorithms.Params{
+		Limit:   int64(spec.Limit),
+		Period:  spec.Period.Microseconds(),
+		Burst:   int64(spec.Burst),
+		Windows: int64(spec.Windows),
+	}
+	if p.Burst == 0 {
+		p.Burst = p.Limit
+	}
+	if p.Windows == 0 {
+		p.Windows = 10
+	}
+	if err := algorithm.Check(p); err != nil {
+		return compiled{}, fmt.Errorf("%w: Spec.%v", ErrInvalidSpec, err)
+	}
+	return compiled{algorithm: algorithm, params: p, capacity: algorithm.Capacity(p)}, nil
+}
+
+func (c compiled) checkCost(n int) error {
+	if n <= 0 {
+		return fmt.Errorf("%w: n must be > 0, got %d", ErrInvalidCost, n)
+	}
+	if int64(n) > c.capacity {
+		field := "Limit"
+		if c.algorithm == algorithms.TokenBucket || c.algorithm == algorithms.LeakyBucket {
+			field = "Burst"
+		}
+		return fmt.Errorf("%w: n = %d can never be admitted by %s with %s %d", ErrInvalidCost, n, c.algorithm.Name, field, c.capacity)
+	}
+	return nil
+}
+
+func decision(r algorithms.Result) Decision {
+	return Decision{
+		Allowed:    r.Allowed,
+		Remaining:  int(r.Remaining),
+		RetryAfter: time.Duration(r.RetryAfter) * time.Microsecond,
+		ResetAfter: time.Duration(r.ResetAfter) * time.Microsecond,
+	}
+}
