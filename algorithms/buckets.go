@@ -39,7 +39,8 @@ func (s *TokenBucketState) Step(p Params, now, n int64) Result {
 	if !s.Fresh {
 		tokens, last = min(capacity, s.Tokens), s.Last
 	}
-	// A clock that stepped back refills nothing and does not move Last back.
+	// A clock that stepped back refills nothing and does not move Last back;
+	// then the refill starts `ahead` µs from now.
 	if now > last {
 		if elapsed := now - last; elapsed >= ceilDiv(capacity-tokens, p.Limit) {
 			tokens = capacity
@@ -48,15 +49,16 @@ func (s *TokenBucketState) Step(p Params, now, n int64) Result {
 		}
 		last = now
 	}
+	ahead := last - now
 	if tokens < cost {
 		return Result{
 			Remaining:  floorDiv(tokens, p.Period),
-			RetryAfter: ceilDiv(cost-tokens, p.Limit),
-			ResetAfter: ceilDiv(capacity-tokens, p.Limit),
+			RetryAfter: ahead + ceilDiv(cost-tokens, p.Limit),
+			ResetAfter: ahead + ceilDiv(capacity-tokens, p.Limit),
 		}
 	}
 	s.Fresh, s.Tokens, s.Last = false, tokens-cost, last
-	return Result{Allowed: true, Remaining: floorDiv(s.Tokens, p.Period), ResetAfter: ceilDiv(capacity-s.Tokens, p.Limit)}
+	return Result{Allowed: true, Remaining: floorDiv(s.Tokens, p.Period), ResetAfter: ahead + ceilDiv(capacity-s.Tokens, p.Limit)}
 }
 
 // LeakyBucketState is the level (× Period) at the last admitted call.
@@ -72,7 +74,8 @@ func (s *LeakyBucketState) Step(p Params, now, n int64) Result {
 	if level == 0 {
 		last = now
 	}
-	// A clock that stepped back leaks nothing and does not move Last back.
+	// A clock that stepped back leaks nothing and does not move Last back;
+	// then the leak starts `ahead` µs from now.
 	if now > last {
 		if elapsed := now - last; elapsed >= ceilDiv(level, p.Limit) {
 			level = 0
@@ -81,13 +84,14 @@ func (s *LeakyBucketState) Step(p Params, now, n int64) Result {
 		}
 		last = now
 	}
+	ahead := last - now
 	if level+cost > capacity {
 		return Result{
 			Remaining:  floorDiv(max(0, capacity-level), p.Period),
-			RetryAfter: ceilDiv(level+cost-capacity, p.Limit),
-			ResetAfter: ceilDiv(level, p.Limit),
+			RetryAfter: ahead + ceilDiv(level+cost-capacity, p.Limit),
+			ResetAfter: ahead + ceilDiv(level, p.Limit),
 		}
 	}
 	s.Level, s.Last = level+cost, last
-	return Result{Allowed: true, Remaining: floorDiv(capacity-s.Level, p.Period), ResetAfter: ceilDiv(s.Level, p.Limit)}
+	return Result{Allowed: true, Remaining: floorDiv(capacity-s.Level, p.Period), ResetAfter: ahead + ceilDiv(s.Level, p.Limit)}
 }

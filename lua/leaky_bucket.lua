@@ -17,7 +17,8 @@ if state[1] then
   level = tonumber(state[1])
   last = tonumber(state[2])
 end
--- A clock that stepped back leaks nothing and does not move last back.
+-- A clock that stepped back leaks nothing and does not move last back;
+-- then the leak starts `ahead` µs from now.
 if now > last then
   local elapsed = now - last
   if elapsed >= ceildiv(level, limit) then
@@ -27,14 +28,15 @@ if now > last then
   end
   last = now
 end
+local ahead = last - now
 
 if level + cost > capacity then
   local free = math.max(0, capacity - level)
-  return {0, floordiv(free, period), ceildiv(level + cost - capacity, limit), ceildiv(level, limit)}
+  return {0, floordiv(free, period), ahead + ceildiv(level + cost - capacity, limit), ahead + ceildiv(level, limit)}
 end
 
 level = level + cost
-local reset = ceildiv(level, limit)
+local reset = ahead + ceildiv(level, limit)
 redis.call('HSET', key, 'v', int(level), 'l', int(last))
 keep_for(key, reset)
 return {1, floordiv(capacity - level, period), 0, reset}

@@ -18,7 +18,8 @@ if state[1] then
   tokens = math.min(capacity, tonumber(state[1]))
   last = tonumber(state[2])
 end
--- A clock that stepped back refills nothing and does not move last back.
+-- A clock that stepped back refills nothing and does not move last back;
+-- then the refill starts `ahead` µs from now.
 if now > last then
   local elapsed = now - last
   if elapsed >= ceildiv(capacity - tokens, limit) then
@@ -28,13 +29,14 @@ if now > last then
   end
   last = now
 end
+local ahead = last - now
 
 if tokens < cost then
-  return {0, floordiv(tokens, period), ceildiv(cost - tokens, limit), ceildiv(capacity - tokens, limit)}
+  return {0, floordiv(tokens, period), ahead + ceildiv(cost - tokens, limit), ahead + ceildiv(capacity - tokens, limit)}
 end
 
 tokens = tokens - cost
-local reset = ceildiv(capacity - tokens, limit)
+local reset = ahead + ceildiv(capacity - tokens, limit)
 redis.call('HSET', key, 't', int(tokens), 'l', int(last))
 keep_for(key, reset)
 return {1, floordiv(tokens, period), 0, reset}

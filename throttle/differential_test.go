@@ -1,0 +1,136 @@
+package throttle_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// randomSpec draws a spec of algorithm a small enough to hit its limits often.
+func randomSpec(rng *rand.Rand, a throttle.Algorithm) throttle.Spec {
+	periods := []time.Duration{time.Millisecond, 7 * time.Millisecond, 100 * time.Millisecond, time.Second, 3 * time.Second, time.Minute}
+	spec := throttle.Spec{Algorithm: a, Limit: 1 + rng.IntN(12), Period: periods[rng.IntN(len(periods))]}
+	if rng.IntN(2) == 0 {
+		spec.Burst = 1 + rng.IntN(12)
+	}
+	if a == throttle.SlidingCounter {
+		// Sub-windows must be whole microseconds.
+		divisors := []int{1, 2, 4, 5, 8, 10}
+		spec.Windows = divisors[rng.IntN(len(divisors))]
+	}
+	return spec
+}
+
+func capacityOf(spec throttle.Spec) int {
+	switch spec.Algorithm {
+	case throttle.TokenBucket, throttle.LeakyBucket:
+		if spec.Burst > 0 {
+			return spec.Burst
+		}
+	}
+	return spec.Limit
+}
+
+// flushScripts empties the script cache of every server rdb talks to.
+func flushScripts(ctx context.Context, rdb redis.UniversalClient) error {
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.ScriptFlush(ctx).Err()
+		})
+	}
+	return rdb.ScriptFlush(ctx).Err()
+}
+
+// TestRedisMatchesLocal runs seeded random timelines through a Redis engine
+// and the local engine side by side: every decision must be the same. The
+// timelines use several keys, costs up to the capacity, instants that
+// repeat, and a clock that sometimes steps back. Every 50 calls the Redis
+// script cache is flushed, which must cost no decision.
+func TestRedisMatchesLocal(t *testing.T) {
+	ctx := context.Background()
+	for _, e := range engines(t)[1:] {
+		for _, a := range throttle.Algorithms {
+			t.Run(e.name+"/"+string(a), func(t *testing.T) {
+				for seed := uint64(1); seed <= 12; seed++ {
+					rng := rand.New(rand.NewPCG(seed, uint64(len(a))))
+					spec := randomSpec(rng, a)
+					clock := &manualClock{now: t0.Add(time.Duration(rng.Int64N(int64(time.Hour))))}
+					prefix := redistest.Prefix(t)
+					remote, err := throttle.New(e.rdb, spec, throttle.WithClock(clock), throttle.WithPrefix(prefix))
+					if err != nil {
+						t.Fatal(err)
+					}
+					local, err := throttle.NewLocal(spec, throttle.WithClock(clock))
+					if err != nil {
+						t.Fatal(err)
+					}
+					keys := []string{"a", "b{c}", "user:42"}
+					for i := 0; i < 250; i++ {
+						if i%50 == 25 {
+							if err := flushScripts(ctx, e.rdb); err != nil {
+								t.Fatal(err)
+							}
+						}
+						switch r := rng.IntN(20); {
+						case r == 0: // the clock steps back
+							clock.Set(clock.Now().Add(-time.Duration(rng.Int64N(int64(spec.Period)))))
+						case r < 5: // the same instant again
+						default:
+							clock.Set(clock.Now().Add(time.Duration(rng.Int64N(int64(spec.Period) / int64(spec.Limit)))))
+						}
+						key, n := keys[rng.IntN(len(keys))], 1+rng.IntN(capacityOf(spec))
+						want, err := local.AllowN(ctx, key, n)
+						if err != nil {
+							t.Fatal(err)
+						}
+						got, err := remote.AllowN(ctx, key, n)
+						if err != nil {
+							t.Fatalf("seed %d call %d: %v", seed, i, err)
+						}
+						if got != want {
+							t.Fatalf("seed %d, spec %+v, call %d: AllowN(%q, %d) at %v: redis %+v, local %+v",
+								seed, spec, i, key, n, clock.Now().UnixMicro(), got, want)
+						}
+					}
+					assertAllKeysExpire(t, e.rdb, prefix)
+				}
+			})
+		}
+	}
+}
+
+// assertAllKeysExpire checks that every key under prefix has a TTL.
+func assertAllKeysExpire(t *testing.T, rdb redis.UniversalClient, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	check := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			ttl, err := c.PTTL(ctx, iter.Val()).Result()
+			if err != nil {
+				return err
+			}
+			if ttl < 0 {
+				return fmt.Errorf("key %q has no TTL (PTTL %v)", iter.Val(), ttl)
+			}
+		}
+		return iter.Err()
+	}
+	var err error
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, check)
+	case *redis.Client:
+		err = check(ctx, c)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
