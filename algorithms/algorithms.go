@@ -23,19 +23,67 @@ type Params struct {
 	Windows int64 // sliding_counter: sub-windows per Period
 }
 
-// Result is one decision. All durations are µs.
+// Result is one decision. All times are µs.
 type Result struct {
 	Allowed    bool
-	Remaining  int64 // events that could still be admitted now
-	RetryAfter int64 // 0 when allowed; else the wait after which the same call fits
+	Remaining  int64 // events that could still be admitted (at At, when reserved)
+	RetryAfter int64 // denied: the wait after which the same call fits if nothing else happens
 	ResetAfter int64 // until the state is back to its initial value (the TTL it needs)
+	Delay      int64 // allowed: how long after now the events were counted, 0 unless reserved
+	At         int64 // allowed: the instant the events were counted at
 }
 
-// State is one key's state under one algorithm. Step decides whether n
-// events may happen at now and, if they may, records them; a denied Step
-// changes nothing but what has already expired.
+// State is one key's state under one algorithm: the Go twin of a script's
+// body. Trim forgets what has expired by now; the others never look at
+// events that old.
 type State interface {
-	Step(p Params, now, n int64) Result
+	Trim(p Params, now int64)
+	// Decide reports whether n more events fit at `at`, changing nothing:
+	// Allowed, Remaining (after them, if they fit), RetryAfter and
+	// ResetAfter from `at`.
+	Decide(p Params, at, n int64) Result
+	// Record counts n events at `at`.
+	Record(p Params, at, n int64)
+	// GiveBack uncounts n events counted at `at`.
+	GiveBack(p Params, at, n int64)
+}
+
+// Allow counts n events at now if they fit: the Go twin of the scripts'
+// "allow" operation.
+func Allow(s State, p Params, now, n int64) Result {
+	return Reserve(s, p, now, n, -1)
+}
+
+// Reserve is Allow, or else counts n events at the earliest instant they
+// fit if that is at most maxWait µs from now (a negative maxWait never
+// reserves): the Go twin of the scripts' "reserve" operation.
+func Reserve(s State, p Params, now, n, maxWait int64) Result {
+	s.Trim(p, now)
+	r := s.Decide(p, now, n)
+	if r.Allowed {
+		s.Record(p, now, n)
+		r.At = now
+		return r
+	}
+	if r.RetryAfter > maxWait {
+		return r
+	}
+	delay := r.RetryAfter
+	r = s.Decide(p, now+delay, n)
+	if !r.Allowed {
+		panic(fmt.Sprintf("algorithms: %d events did not fit at their own RetryAfter %dµs", n, delay))
+	}
+	s.Record(p, now+delay, n)
+	r.ResetAfter += delay
+	r.Delay, r.At = delay, now+delay
+	return r
+}
+
+// Cancel gives back n events reserved at `at`: the Go twin of the scripts'
+// "cancel" operation.
+func Cancel(s State, p Params, now, at, n int64) {
+	s.Trim(p, now)
+	s.GiveBack(p, at, n)
 }
 
 // Algorithm ties an algorithm's name to its initial state and its script.

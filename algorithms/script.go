@@ -32,20 +32,51 @@ func (s *Script) Load(ctx context.Context, rdb redis.Scripter) error {
 // Now asks a script to read Redis's own clock.
 const Now int64 = -1
 
-// Run makes the algorithm's transition on the key at now (µs, or Now for
-// Redis TIME) for n events. slack (µs) is added to the TTL the script sets.
-func (s *Script) Run(ctx context.Context, rdb redis.Scripter, key string, p Params, now, n, slack int64) (Result, error) {
+// Call is one run of a script on one key.
+type Call struct {
+	Key    string
+	Params Params
+	Now    int64 // µs, or Now for Redis TIME
+	N      int64
+	Slack  int64 // µs added to the TTL the script sets
+}
+
+// Allow runs the script's "allow" operation: the twin of Allow.
+func (s *Script) Allow(ctx context.Context, rdb redis.Scripter, c Call) (Result, error) {
+	return s.run(ctx, rdb, c, "allow", 0)
+}
+
+// Reserve runs the script's "reserve" operation: the twin of Reserve.
+func (s *Script) Reserve(ctx context.Context, rdb redis.Scripter, c Call, maxWait int64) (Result, error) {
+	return s.run(ctx, rdb, c, "reserve", maxWait)
+}
+
+// Cancel runs the script's "cancel" operation: the twin of Cancel.
+func (s *Script) Cancel(ctx context.Context, rdb redis.Scripter, c Call, at int64) error {
+	_, err := s.run(ctx, rdb, c, "cancel", at)
+	return err
+}
+
+func (s *Script) run(ctx context.Context, rdb redis.Scripter, c Call, op string, arg int64) (Result, error) {
 	clock := ""
-	if now != Now {
-		clock = strconv.FormatInt(now, 10)
+	if c.Now != Now {
+		clock = strconv.FormatInt(c.Now, 10)
 	}
-	reply, err := s.script.Run(ctx, rdb, []string{key},
-		clock, p.Limit, p.Period, p.Burst, p.Windows, n, slack).Int64Slice()
+	p := c.Params
+	reply, err := s.script.Run(ctx, rdb, []string{c.Key},
+		clock, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.Slack, op, arg).Int64Slice()
 	if err != nil {
 		return Result{}, err
 	}
-	if len(reply) != 4 {
-		return Result{}, fmt.Errorf("algorithms: script replied %v, want 4 integers", reply)
+	if len(reply) != 6 {
+		return Result{}, fmt.Errorf("algorithms: script replied %v, want 6 integers", reply)
 	}
-	return Result{Allowed: reply[0] == 1, Remaining: reply[1], RetryAfter: reply[2], ResetAfter: reply[3]}, nil
+	return Result{
+		Allowed:    reply[0] == 1,
+		Remaining:  reply[1],
+		RetryAfter: reply[2],
+		ResetAfter: reply[3],
+		Delay:      reply[4],
+		At:         reply[5],
+	}, nil
 }

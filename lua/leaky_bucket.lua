@@ -1,42 +1,51 @@
 -- leaky_bucket: a bucket of size burst, empty at first, leaking
--- continuously at limit per period; a call pours n in if it fits.
+-- continuously at limit per period; a call pours n in if they fit.
 --
 -- The level is kept exactly as an integer in units of 1/period: one event is
 -- period units and the bucket loses limit units per µs.
 --
--- KEYS[1] -> hash {v = level × period, l = µs of the last admitted call}
--- ARGV    -> now, limit, period, burst, windows (unused), n, ttl slack (see prelude)
--- Output  -> {allowed (1|0), remaining, retry_after µs, reset_after µs}
+-- KEYS[1] -> hash {v = level × period, l = µs of the last call counted}
+-- ARGV    -> now, limit, period, burst, windows (unused), n, ttl slack,
+--            op, op argument (see prelude and epilogue)
 
 local key = KEYS[1]
-local capacity = burst * period
-local cost = n * period
+local capacity, cost = burst * period, n * period
 local state = redis.call('HMGET', key, 'v', 'l')
-local level, last = 0, now
-if state[1] then
-  level = tonumber(state[1])
-  last = tonumber(state[2])
+local stored, last = tonumber(state[1]), tonumber(state[2]) -- nil: an empty bucket
+
+-- leak returns the level at `at` and the instant it leaks from: later than
+-- `at` when a call was counted after it (a reservation, or a clock that
+-- stepped back), and then nothing leaks before that instant.
+local function leak(at)
+  if not stored then return 0, at end
+  if at <= last then return stored, last end
+  local elapsed = at - last
+  if elapsed >= ceildiv(stored, limit) then return 0, at end
+  return stored - elapsed * limit, at
 end
--- A clock that stepped back leaks nothing and does not move last back;
--- then the leak starts `ahead` µs from now.
-if now > last then
-  local elapsed = now - last
-  if elapsed >= ceildiv(level, limit) then
-    level = 0
-  else
-    level = level - elapsed * limit
+
+-- The level of a bucket counted up to a later instant holds from then on
+-- only, so nothing fits before it (else a cancelled reservation would make
+-- room early).
+local function decide(at)
+  local level, from = leak(at)
+  local ahead = from - at
+  if ahead > 0 or level + cost > capacity then
+    local remaining = 0
+    if ahead == 0 then remaining = floordiv(math.max(0, capacity - level), period) end
+    return false, remaining, ahead + ceildiv(math.max(0, level + cost - capacity), limit), ahead + ceildiv(level, limit)
   end
-  last = now
-end
-local ahead = last - now
-
-if level + cost > capacity then
-  local free = math.max(0, capacity - level)
-  return {0, floordiv(free, period), ahead + ceildiv(level + cost - capacity, limit), ahead + ceildiv(level, limit)}
+  return true, floordiv(capacity - level - cost, period), 0, ahead + ceildiv(level + cost, limit)
 end
 
-level = level + cost
-local reset = ahead + ceildiv(level, limit)
-redis.call('HSET', key, 'v', int(level), 'l', int(last))
-keep_for(key, reset)
-return {1, floordiv(capacity - level, period), 0, reset}
+local function record(at)
+  local level, from = leak(at)
+  redis.call('HSET', key, 'v', int(level + cost), 'l', int(from))
+end
+
+-- Room is made only while nothing was counted after the events given back:
+-- later calls were decided with them in, and the bucket may have run empty
+-- since, so making room then could let it overflow.
+local function give_back(at)
+  if stored and last == at then redis.call('HSET', key, 'v', int(math.max(0, stored - cost))) end
+end

@@ -1,19 +1,24 @@
 // Package lua holds sluice's Redis scripts, one per rate-limit algorithm.
 //
 // Each exported string is a complete script: the shared prelude
-// (prelude.lua: clock, exact integer division, TTL) followed by the
-// algorithm's body. Every script takes the same ARGV, so one caller runs
-// them all:
+// (prelude.lua: clock, exact integer division, TTL), the algorithm's body
+// (its state, and decide, record and give_back on it), and the shared
+// epilogue (epilogue.lua: allow, reserve or cancel with those three). Every
+// script takes the same KEYS and ARGV, so one caller runs them all:
 //
+//	KEYS[1] the key's state
 //	ARGV[1] now in µs since the Unix epoch, or "" to read Redis TIME
 //	ARGV[2] limit: events per period
 //	ARGV[3] period in µs
 //	ARGV[4] burst: bucket capacity in events (buckets only)
 //	ARGV[5] windows: sub-windows per period (sliding_counter only)
-//	ARGV[6] n: events asked for, 1 <= n
+//	ARGV[6] n: events asked for, 1 <= n <= capacity
 //	ARGV[7] TTL slack in µs, added to every TTL the script sets
+//	ARGV[8] op: allow, reserve or cancel
+//	ARGV[9] reserve: the longest wait in µs; cancel: the reservation's at
 //
-// and answers {allowed (1|0), remaining, retry_after µs, reset_after µs}.
+// and answers {allowed (1|0), remaining, retry_after, reset_after, delay, at}
+// (times in µs; see epilogue.lua).
 package lua
 
 import (
@@ -33,14 +38,14 @@ var (
 	LeakyBucket    = script("leaky_bucket.lua")
 )
 
-func script(name string) string {
-	prelude, err := files.ReadFile("prelude.lua")
-	if err != nil {
-		panic(fmt.Sprintf("lua: prelude.lua is not embedded: %v", err))
-	}
-	body, err := files.ReadFile(name)
+func script(body string) string {
+	return read("prelude.lua") + "\n" + read(body) + read("epilogue.lua")
+}
+
+func read(name string) string {
+	b, err := files.ReadFile(name)
 	if err != nil {
 		panic(fmt.Sprintf("lua: %s is not embedded: %v", name, err))
 	}
-	return string(prelude) + "\n" + string(body)
+	return string(b)
 }

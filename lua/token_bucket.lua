@@ -5,38 +5,49 @@
 -- period units and the bucket gains limit units per µs, so no fraction is
 -- ever rounded away.
 --
--- KEYS[1] -> hash {t = tokens × period, l = µs of the last admitted call}
--- ARGV    -> now, limit, period, burst, windows (unused), n, ttl slack (see prelude)
--- Output  -> {allowed (1|0), remaining, retry_after µs, reset_after µs}
+-- KEYS[1] -> hash {t = tokens × period, l = µs of the last call counted}
+-- ARGV    -> now, limit, period, burst, windows (unused), n, ttl slack,
+--            op, op argument (see prelude and epilogue)
 
 local key = KEYS[1]
-local capacity = burst * period
-local cost = n * period
+local capacity, cost = burst * period, n * period
 local state = redis.call('HMGET', key, 't', 'l')
-local tokens, last = capacity, now
-if state[1] then
-  tokens = math.min(capacity, tonumber(state[1]))
-  last = tonumber(state[2])
+local stored, last = tonumber(state[1]), tonumber(state[2]) -- nil: a full bucket
+
+-- refill returns the tokens at `at` and the instant they refill from: later
+-- than `at` when a call was counted after it (a reservation, or a clock that
+-- stepped back), and then nothing refills before that instant.
+local function refill(at)
+  if not stored then return capacity, at end
+  local tokens = math.min(capacity, stored)
+  if at <= last then return tokens, last end
+  local elapsed = at - last
+  if elapsed >= ceildiv(capacity - tokens, limit) then return capacity, at end
+  return tokens + elapsed * limit, at
 end
--- A clock that stepped back refills nothing and does not move last back;
--- then the refill starts `ahead` µs from now.
-if now > last then
-  local elapsed = now - last
-  if elapsed >= ceildiv(capacity - tokens, limit) then
-    tokens = capacity
-  else
-    tokens = tokens + elapsed * limit
+
+-- The tokens of a bucket counted up to a later instant exist from then on
+-- only, so nothing fits before it (else a cancelled reservation would give
+-- back tokens early).
+local function decide(at)
+  local tokens, from = refill(at)
+  local ahead = from - at
+  if ahead > 0 or tokens < cost then
+    local remaining = 0
+    if ahead == 0 then remaining = floordiv(tokens, period) end
+    return false, remaining, ahead + ceildiv(math.max(0, cost - tokens), limit), ahead + ceildiv(capacity - tokens, limit)
   end
-  last = now
-end
-local ahead = last - now
-
-if tokens < cost then
-  return {0, floordiv(tokens, period), ahead + ceildiv(cost - tokens, limit), ahead + ceildiv(capacity - tokens, limit)}
+  return true, floordiv(tokens - cost, period), 0, ahead + ceildiv(capacity - tokens + cost, limit)
 end
 
-tokens = tokens - cost
-local reset = ahead + ceildiv(capacity - tokens, limit)
-redis.call('HSET', key, 't', int(tokens), 'l', int(last))
-keep_for(key, reset)
-return {1, floordiv(tokens, period), 0, reset}
+local function record(at)
+  local tokens, from = refill(at)
+  redis.call('HSET', key, 't', int(tokens - cost), 'l', int(from))
+end
+
+-- Tokens are given back only while nothing was counted after them: later
+-- calls were decided with them gone, and the bucket may have been full
+-- since, so giving them back then could overfill it.
+local function give_back(at)
+  if stored and last == at then redis.call('HSET', key, 't', int(math.min(capacity, stored + cost))) end
+end

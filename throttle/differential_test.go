@@ -49,10 +49,12 @@ func flushScripts(ctx context.Context, rdb redis.UniversalClient) error {
 }
 
 // TestRedisMatchesLocal runs seeded random timelines through a Redis engine
-// and the local engine side by side: every decision must be the same. The
-// timelines use several keys, costs up to the capacity, instants that
-// repeat, and a clock that sometimes steps back. Every 50 calls the Redis
-// script cache is flushed, which must cost no decision.
+// and the local engine side by side: every decision and reservation must be
+// the same. The timelines mix AllowN, ReserveN and Cancel on several keys,
+// with costs up to the capacity, instants that repeat, and a clock that
+// sometimes steps back. Every 50 calls the Redis script cache is flushed,
+// which must cost no decision. The events admitted, reserved and not
+// cancelled must never exceed the limit (conforms).
 func TestRedisMatchesLocal(t *testing.T) {
 	ctx := context.Background()
 	for _, e := range engines(t)[1:] {
@@ -71,7 +73,18 @@ func TestRedisMatchesLocal(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
+					engines := []throttle.Reserver{local.(throttle.Reserver), remote.(throttle.Reserver)}
 					keys := []string{"a", "b{c}", "user:42"}
+					// Odd seeds let the clock step back now and then. Limits hold
+					// only for a clock that does not: what was forgotten as
+					// expired cannot be counted again.
+					stepsBack := seed%2 == 1
+					events := map[string][]event{}
+					reserved := map[string][]throttle.Reservation{}
+					fail := func(i int, format string, args ...any) {
+						t.Helper()
+						t.Fatalf("seed %d, spec %+v, call %d at %d: %s", seed, spec, i, clock.Now().UnixMicro(), fmt.Sprintf(format, args...))
+					}
 					for i := 0; i < 250; i++ {
 						if i%50 == 25 {
 							if err := flushScripts(ctx, e.rdb); err != nil {
@@ -79,24 +92,68 @@ func TestRedisMatchesLocal(t *testing.T) {
 							}
 						}
 						switch r := rng.IntN(20); {
-						case r == 0: // the clock steps back
+						case r == 0 && stepsBack: // the clock steps back
 							clock.Set(clock.Now().Add(-time.Duration(rng.Int64N(int64(spec.Period)))))
 						case r < 5: // the same instant again
 						default:
 							clock.Set(clock.Now().Add(time.Duration(rng.Int64N(int64(spec.Period) / int64(spec.Limit)))))
 						}
 						key, n := keys[rng.IntN(len(keys))], 1+rng.IntN(capacityOf(spec))
-						want, err := local.AllowN(ctx, key, n)
-						if err != nil {
-							t.Fatal(err)
+						switch op := rng.IntN(10); {
+						case op < 6:
+							var got [2]throttle.Decision
+							for j, lim := range engines {
+								if got[j], err = lim.AllowN(ctx, key, n); err != nil {
+									fail(i, "AllowN: %v", err)
+								}
+							}
+							if got[0] != got[1] {
+								fail(i, "AllowN(%q, %d): local %+v, redis %+v", key, n, got[0], got[1])
+							}
+							if got[0].Allowed {
+								events[key] = append(events[key], event{clock.Now().UnixMicro(), n})
+							}
+						case op < 9:
+							maxWait := time.Duration(rng.Int64N(2 * int64(spec.Period)))
+							var got [2]throttle.Reservation
+							for j, lim := range engines {
+								if got[j], err = lim.ReserveN(ctx, key, n, maxWait); err != nil {
+									fail(i, "ReserveN: %v", err)
+								}
+							}
+							if got[0] != got[1] {
+								fail(i, "ReserveN(%q, %d, %v): local %+v, redis %+v", key, n, maxWait, got[0], got[1])
+							}
+							if got[0].OK {
+								if want := time.UnixMicro(clock.Now().UnixMicro()).Add(got[0].Delay); !got[0].At.Equal(want) {
+									fail(i, "reservation at %v, want now + Delay = %v", got[0].At, want)
+								}
+								events[key] = append(events[key], event{got[0].At.UnixMicro(), n})
+								reserved[key] = append(reserved[key], got[0])
+							} else if got[0].Delay <= maxWait {
+								fail(i, "reservation refused with Delay %v <= maxWait %v", got[0].Delay, maxWait)
+							}
+						default:
+							if len(reserved[key]) == 0 {
+								continue
+							}
+							k := rng.IntN(len(reserved[key]))
+							res := reserved[key][k]
+							reserved[key] = append(reserved[key][:k], reserved[key][k+1:]...)
+							for _, lim := range engines {
+								if err := lim.Cancel(ctx, key, res); err != nil {
+									fail(i, "Cancel: %v", err)
+								}
+							}
+							events[key] = removeEvent(events[key], event{res.At.UnixMicro(), res.N})
 						}
-						got, err := remote.AllowN(ctx, key, n)
-						if err != nil {
-							t.Fatalf("seed %d call %d: %v", seed, i, err)
+					}
+					for key, evs := range events {
+						if stepsBack {
+							break
 						}
-						if got != want {
-							t.Fatalf("seed %d, spec %+v, call %d: AllowN(%q, %d) at %v: redis %+v, local %+v",
-								seed, spec, i, key, n, clock.Now().UnixMicro(), got, want)
+						if err := conforms(spec, evs); err != nil {
+							t.Fatalf("seed %d, spec %+v, key %q: %v", seed, spec, key, err)
 						}
 					}
 					assertAllKeysExpire(t, e.rdb, prefix)

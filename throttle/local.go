@@ -21,6 +21,7 @@ const localShards = 32
 type localLimiter struct {
 	compiled
 	clock  Clock
+	slack  int64 // µs kept past expiry, as the Redis engine does
 	seed   maphash.Seed
 	shards [localShards]localShard
 }
@@ -31,9 +32,12 @@ type localShard struct {
 	sweepAt int // sweep expired entries when the map grows past this
 }
 
+// localEntry is one key's state. It is forgotten once back to its initial
+// value (plus the slack an injected clock gets, as on Redis); until then it
+// is used even when expired, where it acts as the initial value would.
 type localEntry struct {
 	state   algorithms.State
-	expires int64 // µs; from then on the state is back to its initial value
+	expires int64 // µs
 }
 
 // NewLocal returns a Limiter that keeps its state in this process's memory,
@@ -51,6 +55,8 @@ func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
 	l := &localLimiter{compiled: c, clock: o.clock, seed: maphash.MakeSeed()}
 	if l.clock == nil {
 		l.clock = systemClock{}
+	} else {
+		l.slack = injectedClockSlack.Microseconds()
 	}
 	for i := range l.shards {
 		l.shards[i].entries = make(map[string]*localEntry)
@@ -60,25 +66,60 @@ func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
 }
 
 // AllowN implements Limiter.
-func (l *localLimiter) AllowN(_ context.Context, key string, n int) (Decision, error) {
+func (l *localLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
+	return decision(l.reserve(key, n, -1)), nil
+}
+
+// ReserveN implements Reserver.
+func (l *localLimiter) ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error) {
+	if err := l.checkCost(n); err != nil {
+		return Reservation{}, err
+	}
+	if err := l.checkWait(maxWait); err != nil {
+		return Reservation{}, err
+	}
+	return reservation(l.reserve(key, n, maxWait.Microseconds()), n), nil
+}
+
+// reserve is algorithms.Reserve on key's state; maxWait < 0 never reserves.
+func (l *localLimiter) reserve(key string, n int, maxWait int64) algorithms.Result {
 	now := l.clock.Now().UnixMicro()
-	shard := &l.shards[maphash.String(l.seed, key)%localShards]
+	shard := l.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
 	e := shard.entries[key]
-	if e == nil || now >= e.expires {
+	if e == nil {
 		e = &localEntry{state: l.algorithm.NewState()}
 	}
-	r := e.state.Step(l.params, now, int64(n))
+	r := algorithms.Reserve(e.state, l.params, now, int64(n), maxWait)
 	if r.Allowed {
-		e.expires = now + r.ResetAfter
+		e.expires = now + r.ResetAfter + l.slack
 		shard.entries[key] = e
 		shard.sweep(now)
 	}
-	return decision(r), nil
+	return r
+}
+
+// Cancel implements Reserver.
+func (l *localLimiter) Cancel(ctx context.Context, key string, r Reservation) error {
+	if err := l.checkReservation(r); err != nil {
+		return err
+	}
+	now := l.clock.Now().UnixMicro()
+	shard := l.shard(key)
+	shard.mu.Lock()
+	defer shard.mu.Unlock()
+	if e := shard.entries[key]; e != nil {
+		algorithms.Cancel(e.state, l.params, now, r.At.UnixMicro(), int64(r.N))
+	}
+	return nil
+}
+
+func (l *localLimiter) shard(key string) *localShard {
+	return &l.shards[maphash.String(l.seed, key)%localShards]
 }
 
 // sweep drops expired entries once the map has doubled since the last sweep,

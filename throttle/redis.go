@@ -12,6 +12,7 @@ import (
 
 // injectedClockSlack is added to every TTL when a clock is injected: Redis
 // expires keys by its own clock, which need not run with the injected one.
+// The local engine keeps its state as long, so that both forget alike.
 const injectedClockSlack = time.Minute
 
 // redisLimiter runs each decision as one script call on Redis.
@@ -40,18 +41,53 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 	return &redisLimiter{compiled: c, rdb: rdb, clock: o.clock, prefix: o.prefix}, nil
 }
 
+// call is one script run on key for n events.
+func (l *redisLimiter) call(key string, n int) algorithms.Call {
+	c := algorithms.Call{Key: redisKey(l.prefix, key), Params: l.params, Now: algorithms.Now, N: int64(n)}
+	if l.clock != nil {
+		c.Now, c.Slack = l.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
+	}
+	return c
+}
+
+func (l *redisLimiter) fail(err error) error {
+	return fmt.Errorf("throttle: %s script: %w", l.algorithm.Name, err)
+}
+
 // AllowN implements Limiter.
 func (l *redisLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	now, slack := algorithms.Now, int64(0)
-	if l.clock != nil {
-		now, slack = l.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
-	}
-	r, err := l.algorithm.Script.Run(ctx, l.rdb, redisKey(l.prefix, key), l.params, now, int64(n), slack)
+	r, err := l.algorithm.Script.Allow(ctx, l.rdb, l.call(key, n))
 	if err != nil {
-		return Decision{}, fmt.Errorf("throttle: %s script: %w", l.algorithm.Name, err)
+		return Decision{}, l.fail(err)
 	}
 	return decision(r), nil
+}
+
+// ReserveN implements Reserver.
+func (l *redisLimiter) ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error) {
+	if err := l.checkCost(n); err != nil {
+		return Reservation{}, err
+	}
+	if err := l.checkWait(maxWait); err != nil {
+		return Reservation{}, err
+	}
+	r, err := l.algorithm.Script.Reserve(ctx, l.rdb, l.call(key, n), maxWait.Microseconds())
+	if err != nil {
+		return Reservation{}, l.fail(err)
+	}
+	return reservation(r, n), nil
+}
+
+// Cancel implements Reserver.
+func (l *redisLimiter) Cancel(ctx context.Context, key string, r Reservation) error {
+	if err := l.checkReservation(r); err != nil {
+		return err
+	}
+	if err := l.algorithm.Script.Cancel(ctx, l.rdb, l.call(key, r.N), r.At.UnixMicro()); err != nil {
+		return l.fail(err)
+	}
+	return nil
 }

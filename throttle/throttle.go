@@ -148,11 +148,20 @@ func (c compiled) checkCost(n int) error {
 	return nil
 }
 
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
 func decision(r algorithms.Result) Decision {
 	return Decision{
 		Allowed:    r.Allowed,
 		Remaining:  int(r.Remaining),
-		RetryAfter: time.Duration(r.RetryAfter) * time.Microsecond,
-		ResetAfter: time.Duration(r.ResetAfter) * time.Microsecond,
+		RetryAfter: micros(r.RetryAfter),
+		ResetAfter: micros(r.ResetAfter),
 	}
+}
+
+func reservation(r algorithms.Result, n int) Reservation {
+	if !r.Allowed {
+		return Reservation{Delay: micros(r.RetryAfter), N: n, Remaining: int(r.Remaining)}
+	}
+	return Reservation{OK: true, Delay: micros(r.Delay), At: time.UnixMicro(r.At), N: n, Remaining: int(r.Remaining)}
 }
