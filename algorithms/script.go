@@ -16,7 +16,9 @@ type Script struct {
 	script *redis.Script
 }
 
-func newScript(source string) *Script { return &Script{source: source, script: redis.NewScript(source)} }
+func newScript(source string) *Script {
+	return &Script{source: source, script: redis.NewScript(source)}
+}
 
 // Source returns the full text of the script.
 func (s *Script) Source() string { return s.source }
