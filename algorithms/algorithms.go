@@ -49,33 +49,42 @@ type State interface {
 }
 
 // Allow counts n events at now if they fit: the Go twin of the scripts'
-// "allow" operation.
-func Allow(s State, p Params, now, n int64) Result {
-	return Reserve(s, p, now, n, -1)
+// "allow" operation. blocked is the µs until which the key is blocked (0:
+// not blocked).
+func Allow(s State, p Params, now, blocked, n int64) Result {
+	return Reserve(s, p, now, blocked, 0, n, -1)
 }
 
 // Reserve is Allow, or else counts n events at the earliest instant they
-// fit if that is at most maxWait µs from now (a negative maxWait never
-// reserves): the Go twin of the scripts' "reserve" operation.
-func Reserve(s State, p Params, now, n, maxWait int64) Result {
+// fit, not before notBefore, if that is at most maxWait µs from now (a
+// negative maxWait never reserves): the Go twin of the scripts' "reserve"
+// operation.
+func Reserve(s State, p Params, now, blocked, notBefore, n, maxWait int64) Result {
 	s.Trim(p, now)
-	r := s.Decide(p, now, n)
-	if r.Allowed {
+	start := max(now, blocked, notBefore)
+	r := s.Decide(p, start, n)
+	if r.Allowed && start == now {
 		s.Record(p, now, n)
 		r.At = now
 		return r
 	}
-	if r.RetryAfter > maxWait {
-		return r
-	}
-	delay := r.RetryAfter
-	r = s.Decide(p, now+delay, n)
+	wait := start - now
 	if !r.Allowed {
-		panic(fmt.Sprintf("algorithms: %d events did not fit at their own RetryAfter %dµs", n, delay))
+		wait += r.RetryAfter
 	}
-	s.Record(p, now+delay, n)
-	r.ResetAfter += delay
-	r.Delay, r.At = delay, now+delay
+	if start > now {
+		r.Remaining = 0
+	}
+	if wait > maxWait {
+		return Result{Remaining: r.Remaining, RetryAfter: wait, ResetAfter: start - now + r.ResetAfter}
+	}
+	r = s.Decide(p, now+wait, n)
+	if !r.Allowed {
+		panic(fmt.Sprintf("algorithms: %d events did not fit at their own turn, %dµs from now", n, wait))
+	}
+	s.Record(p, now+wait, n)
+	r.ResetAfter += wait
+	r.Delay, r.At = wait, now+wait
 	return r
 }
 
@@ -111,33 +120,45 @@ func ByName(name string) *Algorithm {
 	return nil
 }
 
-// Check reports the first way in which p cannot be run exactly by a, naming
-// the Spec field at fault (throttle wraps it in ErrInvalidSpec).
-func (a *Algorithm) Check(p Params) error {
+// ParamError says which field of Params cannot be run exactly, and why.
+type ParamError struct {
+	Field   string // Limit, Period, Burst or Windows
+	Problem string // "must be > 0, got -3"
+}
+
+func (e *ParamError) Error() string { return e.Field + " " + e.Problem }
+
+// Check reports the first way in which p cannot be run exactly by a.
+func (a *Algorithm) Check(p Params) *ParamError {
+	bad := func(field, format string, args ...any) *ParamError {
+		return &ParamError{Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
 	switch {
 	case p.Limit <= 0:
-		return fmt.Errorf("Limit must be > 0, got %d", p.Limit)
+		return bad("Limit", "must be > 0, got %d", p.Limit)
+	case p.Limit >= MaxExact:
+		return bad("Limit", "must be below 2^53, got %d", p.Limit)
 	case p.Period < 1000:
-		return fmt.Errorf("Period must be at least 1ms, got %dµs", p.Period)
-	case p.Limit >= MaxExact || p.Period >= MaxExact/1000:
-		return fmt.Errorf("Limit %d or Period %dµs is too large", p.Limit, p.Period)
+		return bad("Period", "must be at least 1ms, got %dµs", p.Period)
+	case p.Period >= MaxExact/1000:
+		return bad("Period", "must be below 2^53 ns, got %dµs", p.Period)
 	}
 	switch a {
 	case SlidingCounter:
 		if p.Windows < 1 || p.Windows > 1000 {
-			return fmt.Errorf("Windows must be between 1 and 1000, got %d", p.Windows)
+			return bad("Windows", "must be between 1 and 1000, got %d", p.Windows)
 		}
 		if p.Period%p.Windows != 0 {
-			return fmt.Errorf("Windows must divide Period into whole microseconds, got Period %dµs / Windows %d", p.Period, p.Windows)
+			return bad("Windows", "must divide Period into whole microseconds, got Period %dµs / Windows %d", p.Period, p.Windows)
 		}
 	case TokenBucket, LeakyBucket:
 		if p.Burst <= 0 {
-			return fmt.Errorf("Burst must be >= 0 (0 means Limit), got %d", p.Burst)
+			return bad("Burst", "must be >= 0 (0 means Limit), got %d", p.Burst)
 		}
 		// Buckets count in units of 1/Period: Burst*Period (+ one Limit of
 		// refill) must stay exact in Lua.
 		if p.Burst > (MaxExact-p.Limit)/p.Period {
-			return fmt.Errorf("Burst %d × Period %dµs exceeds 2^53 µs; lower Burst or Period", p.Burst, p.Period)
+			return bad("Burst", "× Period must stay below 2^53 µs, got %d × %dµs; lower Burst or Period", p.Burst, p.Period)
 		}
 	}
 	return nil

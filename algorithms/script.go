@@ -36,37 +36,45 @@ const Now int64 = -1
 
 // Call is one run of a script on one key.
 type Call struct {
-	Key    string
-	Params Params
-	Now    int64 // µs, or Now for Redis TIME
-	N      int64
-	Slack  int64 // µs added to the TTL the script sets
+	Key      string // the state's key
+	BlockKey string // the key's block, in the same cluster slot
+	Params   Params
+	Now      int64 // µs, or Now for Redis TIME
+	N        int64
+	Slack    int64 // µs added to the TTL the script sets
 }
 
 // Allow runs the script's "allow" operation: the twin of Allow.
 func (s *Script) Allow(ctx context.Context, rdb redis.Scripter, c Call) (Result, error) {
-	return s.run(ctx, rdb, c, "allow", 0)
+	return s.run(ctx, rdb, c, "allow", 0, 0)
 }
 
 // Reserve runs the script's "reserve" operation: the twin of Reserve.
-func (s *Script) Reserve(ctx context.Context, rdb redis.Scripter, c Call, maxWait int64) (Result, error) {
-	return s.run(ctx, rdb, c, "reserve", maxWait)
+func (s *Script) Reserve(ctx context.Context, rdb redis.Scripter, c Call, notBefore, maxWait int64) (Result, error) {
+	return s.run(ctx, rdb, c, "reserve", maxWait, notBefore)
 }
 
 // Cancel runs the script's "cancel" operation: the twin of Cancel.
 func (s *Script) Cancel(ctx context.Context, rdb redis.Scripter, c Call, at int64) error {
-	_, err := s.run(ctx, rdb, c, "cancel", at)
+	_, err := s.run(ctx, rdb, c, "cancel", at, 0)
 	return err
 }
 
-func (s *Script) run(ctx context.Context, rdb redis.Scripter, c Call, op string, arg int64) (Result, error) {
+// Block runs the script's "block" operation for d µs and returns the µs
+// until which the key is blocked.
+func (s *Script) Block(ctx context.Context, rdb redis.Scripter, c Call, d int64) (int64, error) {
+	r, err := s.run(ctx, rdb, c, "block", d, 0)
+	return r.At, err
+}
+
+func (s *Script) run(ctx context.Context, rdb redis.Scripter, c Call, op string, arg, notBefore int64) (Result, error) {
 	clock := ""
 	if c.Now != Now {
 		clock = strconv.FormatInt(c.Now, 10)
 	}
 	p := c.Params
-	reply, err := s.script.Run(ctx, rdb, []string{c.Key},
-		clock, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.Slack, op, arg).Int64Slice()
+	reply, err := s.script.Run(ctx, rdb, []string{c.Key, c.BlockKey},
+		clock, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.Slack, op, arg, notBefore).Int64Slice()
 	if err != nil {
 		return Result{}, err
 	}

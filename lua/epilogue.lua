@@ -5,12 +5,14 @@
 --                    changes nothing
 --   record(at)    -> counts n events at `at`
 --   give_back(at) -> uncounts n events that were counted at `at`
+-- KEYS[2] holds the µs until which the key is blocked (absent: it is not).
 -- ARGV[8] picks the operation:
 --   'allow'   count n events now if they fit
 --   'reserve' the same, or else count them at the earliest instant they fit
---             (now + retry_after) if that is at most ARGV[9] µs away: the
---             caller acts then, and later callers see them counted
+--             (and not before ARGV[10] µs) if that is at most ARGV[9] µs
+--             away: the caller acts then, and later callers see them counted
 --   'cancel'  give back n events reserved at ARGV[9]
+--   'block'   count nothing for ARGV[9] µs from now (a longer block stays)
 -- Reply: {allowed (1|0), remaining, retry_after, reset_after, delay, at}:
 -- all µs; delay is how long after now the events were counted (at).
 
@@ -20,20 +22,35 @@ if op == 'cancel' then
   return {1, 0, 0, 0, 0, tonumber(ARGV[9])}
 end
 
-local fits, remaining, retry, reset = decide(now)
-if fits then
+local blocked = tonumber(redis.call('GET', KEYS[2])) or 0
+if op == 'block' then
+  local until_ = now + tonumber(ARGV[9])
+  if until_ > blocked then
+    redis.call('SET', KEYS[2], int(until_), 'PX', ceildiv(until_ - now + tonumber(ARGV[7]), 1000))
+    blocked = until_
+  end
+  return {1, 0, 0, 0, 0, blocked}
+end
+
+-- start: the earliest instant the events may be counted at.
+local start = math.max(now, blocked, tonumber(ARGV[10]))
+local fits, remaining, retry, reset = decide(start)
+if fits and start == now then
   record(now)
   keep_for(KEYS[1], reset)
   return {1, remaining, 0, reset, 0, now}
 end
-if op == 'reserve' and retry <= tonumber(ARGV[9]) then
-  local at = now + retry
+local wait = start - now
+if not fits then wait = wait + retry end
+if start > now then remaining = 0 end
+if op == 'reserve' and wait <= tonumber(ARGV[9]) then
+  local at = now + wait
   local fits_then, remaining_then, _, reset_then = decide(at)
   if not fits_then then
-    return redis.error_reply('sluice: n did not fit at its own retry_after')
+    return redis.error_reply('sluice: n did not fit at their own turn')
   end
   record(at)
-  keep_for(KEYS[1], retry + reset_then)
-  return {1, remaining_then, 0, retry + reset_then, retry, at}
+  keep_for(KEYS[1], wait + reset_then)
+  return {1, remaining_then, 0, wait + reset_then, wait, at}
 end
-return {0, remaining, retry, reset, 0, now}
+return {0, remaining, wait, (start - now) + reset, 0, now}

@@ -7,6 +7,7 @@
 // script takes the same KEYS and ARGV, so one caller runs them all:
 //
 //	KEYS[1] the key's state
+//	KEYS[2] the key's block: µs until which nothing is counted (Block)
 //	ARGV[1] now in µs since the Unix epoch, or "" to read Redis TIME
 //	ARGV[2] limit: events per period
 //	ARGV[3] period in µs
@@ -14,8 +15,10 @@
 //	ARGV[5] windows: sub-windows per period (sliding_counter only)
 //	ARGV[6] n: events asked for, 1 <= n <= capacity
 //	ARGV[7] TTL slack in µs, added to every TTL the script sets
-//	ARGV[8] op: allow, reserve or cancel
-//	ARGV[9] reserve: the longest wait in µs; cancel: the reservation's at
+//	ARGV[8] op: allow, reserve, cancel or block
+//	ARGV[9] reserve: the longest wait in µs; cancel: the reservation's at;
+//	        block: for how many µs
+//	ARGV[10] the earliest instant to count at in µs (0 for allow)
 //
 // and answers {allowed (1|0), remaining, retry_after, reset_after, delay, at}
 // (times in µs; see epilogue.lua).

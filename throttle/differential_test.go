@@ -50,7 +50,7 @@ func flushScripts(ctx context.Context, rdb redis.UniversalClient) error {
 
 // TestRedisMatchesLocal runs seeded random timelines through a Redis engine
 // and the local engine side by side: every decision and reservation must be
-// the same. The timelines mix AllowN, ReserveN and Cancel on several keys,
+// the same. The timelines mix AllowN, ReserveAfter, Cancel and Block on several keys,
 // with costs up to the capacity, instants that repeat, and a clock that
 // sometimes steps back. Every 50 calls the Redis script cache is flushed,
 // which must cost no decision. The events admitted, reserved and not
@@ -115,10 +115,14 @@ func TestRedisMatchesLocal(t *testing.T) {
 							}
 						case op < 9:
 							maxWait := time.Duration(rng.Int64N(2 * int64(spec.Period)))
+							var notBefore time.Time
+							if rng.IntN(3) == 0 {
+								notBefore = clock.Now().Add(time.Duration(rng.Int64N(int64(spec.Period))))
+							}
 							var got [2]throttle.Reservation
 							for j, lim := range engines {
-								if got[j], err = lim.ReserveN(ctx, key, n, maxWait); err != nil {
-									fail(i, "ReserveN: %v", err)
+								if got[j], err = lim.ReserveAfter(ctx, key, n, notBefore, maxWait); err != nil {
+									fail(i, "ReserveAfter: %v", err)
 								}
 							}
 							if got[0] != got[1] {
@@ -128,10 +132,20 @@ func TestRedisMatchesLocal(t *testing.T) {
 								if want := time.UnixMicro(clock.Now().UnixMicro()).Add(got[0].Delay); !got[0].At.Equal(want) {
 									fail(i, "reservation at %v, want now + Delay = %v", got[0].At, want)
 								}
+								if got[0].At.Before(notBefore.Truncate(time.Microsecond)) {
+									fail(i, "reservation at %v, before notBefore %v", got[0].At, notBefore)
+								}
 								events[key] = append(events[key], event{got[0].At.UnixMicro(), n})
 								reserved[key] = append(reserved[key], got[0])
 							} else if got[0].Delay <= maxWait {
 								fail(i, "reservation refused with Delay %v <= maxWait %v", got[0].Delay, maxWait)
+							}
+						case op == 9 && rng.IntN(4) == 0:
+							d := time.Duration(rng.Int64N(int64(spec.Period)))
+							for _, lim := range engines {
+								if err := lim.Block(ctx, key, d); err != nil {
+									fail(i, "Block: %v", err)
+								}
 							}
 						default:
 							if len(reserved[key]) == 0 {

@@ -20,6 +20,12 @@ func redisKey(prefix, key string) string {
 	return prefix + "{" + hashTag(key) + "}"
 }
 
+// blockKey holds key's block (see Reserver.Block). No redisKey ends in
+// ":b", so it meets no other key, and it shares key's cluster slot.
+func blockKey(stateKey string) string {
+	return stateKey + ":b"
+}
+
 func hashTag(key string) string {
 	if key == "" {
 		return "%"

@@ -32,12 +32,22 @@ type localShard struct {
 	sweepAt int // sweep expired entries when the map grows past this
 }
 
-// localEntry is one key's state. It is forgotten once back to its initial
-// value (plus the slack an injected clock gets, as on Redis); until then it
-// is used even when expired, where it acts as the initial value would.
+// localEntry is one key's state and block. It is forgotten once back to
+// its initial value and unblocked (plus the slack an injected clock gets,
+// as on Redis); until then it is used even when expired, where it acts as
+// the initial value would.
 type localEntry struct {
 	state   algorithms.State
+	blocked int64 // µs until which nothing is counted
 	expires int64 // µs
+}
+
+// entry returns key's entry, or a new one that is not stored yet.
+func (s *localShard) entry(key string, a *algorithms.Algorithm) *localEntry {
+	if e := s.entries[key]; e != nil {
+		return e
+	}
+	return &localEntry{state: a.NewState()}
 }
 
 // NewLocal returns a Limiter that keeps its state in this process's memory,
@@ -70,33 +80,35 @@ func (l *localLimiter) AllowN(ctx context.Context, key string, n int) (Decision,
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	return decision(l.reserve(key, n, -1)), nil
+	return decision(l.reserve(key, n, 0, -1)), nil
 }
 
 // ReserveN implements Reserver.
 func (l *localLimiter) ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error) {
+	return l.ReserveAfter(ctx, key, n, time.Time{}, maxWait)
+}
+
+// ReserveAfter implements Reserver.
+func (l *localLimiter) ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error) {
 	if err := l.checkCost(n); err != nil {
 		return Reservation{}, err
 	}
 	if err := l.checkWait(maxWait); err != nil {
 		return Reservation{}, err
 	}
-	return reservation(l.reserve(key, n, maxWait.Microseconds()), n), nil
+	return reservation(l.reserve(key, n, unixMicros(notBefore), maxWait.Microseconds()), n), nil
 }
 
 // reserve is algorithms.Reserve on key's state; maxWait < 0 never reserves.
-func (l *localLimiter) reserve(key string, n int, maxWait int64) algorithms.Result {
+func (l *localLimiter) reserve(key string, n int, notBefore, maxWait int64) algorithms.Result {
 	now := l.clock.Now().UnixMicro()
 	shard := l.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
-	e := shard.entries[key]
-	if e == nil {
-		e = &localEntry{state: l.algorithm.NewState()}
-	}
-	r := algorithms.Reserve(e.state, l.params, now, int64(n), maxWait)
+	e := shard.entry(key, l.algorithm)
+	r := algorithms.Reserve(e.state, l.params, now, e.blocked, notBefore, int64(n), maxWait)
 	if r.Allowed {
-		e.expires = now + r.ResetAfter + l.slack
+		e.expires = max(e.expires, now+r.ResetAfter+l.slack)
 		shard.entries[key] = e
 		shard.sweep(now)
 	}
@@ -115,6 +127,22 @@ func (l *localLimiter) Cancel(ctx context.Context, key string, r Reservation) er
 	if e := shard.entries[key]; e != nil {
 		algorithms.Cancel(e.state, l.params, now, r.At.UnixMicro(), int64(r.N))
 	}
+	return nil
+}
+
+// Block implements Reserver.
+func (l *localLimiter) Block(ctx context.Context, key string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	now := l.clock.Now().UnixMicro()
+	shard := l.shard(key)
+	shard.mu.Lock()
+	defer shard.mu.Unlock()
+	e := shard.entry(key, l.algorithm)
+	e.blocked = max(e.blocked, now+d.Microseconds())
+	e.expires = max(e.expires, e.blocked+l.slack)
+	shard.entries[key] = e
 	return nil
 }
 

@@ -43,7 +43,8 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 
 // call is one script run on key for n events.
 func (l *redisLimiter) call(key string, n int) algorithms.Call {
-	c := algorithms.Call{Key: redisKey(l.prefix, key), Params: l.params, Now: algorithms.Now, N: int64(n)}
+	state := redisKey(l.prefix, key)
+	c := algorithms.Call{Key: state, BlockKey: blockKey(state), Params: l.params, Now: algorithms.Now, N: int64(n)}
 	if l.clock != nil {
 		c.Now, c.Slack = l.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}
@@ -68,17 +69,33 @@ func (l *redisLimiter) AllowN(ctx context.Context, key string, n int) (Decision,
 
 // ReserveN implements Reserver.
 func (l *redisLimiter) ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error) {
+	return l.ReserveAfter(ctx, key, n, time.Time{}, maxWait)
+}
+
+// ReserveAfter implements Reserver.
+func (l *redisLimiter) ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error) {
 	if err := l.checkCost(n); err != nil {
 		return Reservation{}, err
 	}
 	if err := l.checkWait(maxWait); err != nil {
 		return Reservation{}, err
 	}
-	r, err := l.algorithm.Script.Reserve(ctx, l.rdb, l.call(key, n), maxWait.Microseconds())
+	r, err := l.algorithm.Script.Reserve(ctx, l.rdb, l.call(key, n), unixMicros(notBefore), maxWait.Microseconds())
 	if err != nil {
 		return Reservation{}, l.fail(err)
 	}
 	return reservation(r, n), nil
+}
+
+// Block implements Reserver.
+func (l *redisLimiter) Block(ctx context.Context, key string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	if _, err := l.algorithm.Script.Block(ctx, l.rdb, l.call(key, 1), d.Microseconds()); err != nil {
+		return l.fail(err)
+	}
+	return nil
 }
 
 // Cancel implements Reserver.

@@ -19,8 +19,21 @@ type Reserver interface {
 	// earliest instant they fit if that is at most maxWait away. A
 	// reservation that is not OK counted nothing.
 	ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error)
-	// Cancel gives back the events of an OK reservation for key.
+	// ReserveAfter is ReserveN with the events counted no earlier than
+	// notBefore (on the limiter's clock), so that several limits can give
+	// one caller the same turn. ReserveN is shorthand for ReserveAfter with
+	// the zero Time.
+	ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error)
+	// Cancel gives back the events of an OK reservation for key. Buckets
+	// take back only their latest reservation: for an older one, other
+	// callers were already told to wait, and giving it back could let the
+	// bucket overfill.
 	Cancel(ctx context.Context, key string, r Reservation) error
+	// Block counts nothing for key during d from now: calls are denied
+	// with RetryAfter at least until then, reservations are made after it.
+	// A longer block already in place stays. For an upstream that answered
+	// "429 Too Many Requests, Retry-After: d".
+	Block(ctx context.Context, key string, d time.Duration) error
 }
 
 // Reservation is the answer to ReserveN.

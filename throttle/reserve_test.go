@@ -79,3 +79,31 @@ func TestReservationsOnEveryAlgorithm(t *testing.T) {
 		}
 	})
 }
+
+// TestBlock: a blocked key admits nothing until the block ends, books
+// reservations after it, and a shorter block does not cut a longer one.
+func TestBlock(t *testing.T) {
+	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
+		spec := fivePerSecond
+		spec.Algorithm = a
+		lim, clock := mustLimiter(t, e, spec)
+		r := lim.(throttle.Reserver)
+		ctx := context.Background()
+		if err := r.Block(ctx, "k", 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Block(ctx, "k", time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if d := allow(t, lim, "k", 1); d.Allowed || d.RetryAfter != 2*time.Second {
+			t.Fatalf("AllowN on a blocked key = %+v, want denied for 2s", d)
+		}
+		if res := reserve(t, lim, 1, 3*time.Second); !res.OK || res.Delay != 2*time.Second {
+			t.Fatalf("ReserveN on a blocked key = %+v, want its turn when the block ends", res)
+		}
+		clock.Set(t0.Add(2 * time.Second))
+		if d := allow(t, lim, "k", 4); !d.Allowed {
+			t.Fatalf("AllowN after the block = %+v, want allowed", d)
+		}
+	})
+}

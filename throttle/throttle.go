@@ -95,6 +95,19 @@ var (
 	ErrInvalidCost = errors.New("throttle: invalid cost")
 )
 
+// SpecError is the error New and NewLocal return for an unusable Spec. It
+// wraps ErrInvalidSpec.
+type SpecError struct {
+	Field   string // the Spec field at fault: Algorithm, Limit, Period, Burst or Windows
+	Problem string // what is wrong with it and what would be right
+}
+
+func (e *SpecError) Error() string {
+	return fmt.Sprintf("%v: Spec.%s %s", ErrInvalidSpec, e.Field, e.Problem)
+}
+
+func (e *SpecError) Unwrap() error { return ErrInvalidSpec }
+
 // compiled is a validated Spec in the units the algorithms use.
 type compiled struct {
 	algorithm *algorithms.Algorithm
@@ -103,18 +116,21 @@ type compiled struct {
 }
 
 func compile(spec Spec) (compiled, error) {
+	bad := func(field, format string, args ...any) (compiled, error) {
+		return compiled{}, &SpecError{Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
 	algorithm := algorithms.ByName(string(spec.Algorithm))
 	if algorithm == nil {
-		return compiled{}, fmt.Errorf("%w: Spec.Algorithm must be one of %v, got %q", ErrInvalidSpec, Algorithms, spec.Algorithm)
+		return bad("Algorithm", "must be one of %v, got %q", Algorithms, spec.Algorithm)
 	}
 	if spec.Period%time.Microsecond != 0 {
-		return compiled{}, fmt.Errorf("%w: Spec.Period must be a whole number of microseconds, got %v", ErrInvalidSpec, spec.Period)
+		return bad("Period", "must be a whole number of microseconds, got %v", spec.Period)
 	}
 	if spec.Burst < 0 {
-		return compiled{}, fmt.Errorf("%w: Spec.Burst must be >= 0 (0 means Limit), got %d", ErrInvalidSpec, spec.Burst)
+		return bad("Burst", "must be >= 0 (0 means Limit), got %d", spec.Burst)
 	}
 	if spec.Windows < 0 {
-		return compiled{}, fmt.Errorf("%w: Spec.Windows must be >= 0 (0 means 10), got %d", ErrInvalidSpec, spec.Windows)
+		return bad("Windows", "must be >= 0 (0 means 10), got %d", spec.Windows)
 	}
 	p := algorithms.Params{
 		Limit:   int64(spec.Limit),
@@ -129,7 +145,7 @@ func compile(spec Spec) (compiled, error) {
 		p.Windows = 10
 	}
 	if err := algorithm.Check(p); err != nil {
-		return compiled{}, fmt.Errorf("%w: Spec.%v", ErrInvalidSpec, err)
+		return bad(err.Field, "%s", err.Problem)
 	}
 	return compiled{algorithm: algorithm, params: p, capacity: algorithm.Capacity(p)}, nil
 }
@@ -149,6 +165,14 @@ func (c compiled) checkCost(n int) error {
 }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// unixMicros is t in µs since the Unix epoch, 0 for the zero Time.
+func unixMicros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
 
 func decision(r algorithms.Result) Decision {
 	return Decision{

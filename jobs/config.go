@@ -1,0 +1,206 @@
+package jobs
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// Config is what a worker fleet is told to do: the gates of every queue and
+// task type. It comes from config.yaml (see internal/config); this package
+// takes it as a plain value.
+type Config struct {
+	Worker WorkerConfig
+	Queues map[string]QueueConfig // by queue name
+	Quotas map[string]LimitConfig // by quota name
+	Tasks  map[string]TaskConfig  // by task type
+	HTTP   HTTPConfig
+}
+
+// WorkerConfig tunes one worker process.
+type WorkerConfig struct {
+	Concurrency int    // tasks run at once by this process; default 10
+	MetricsAddr string // Prometheus metrics and the web UI; default 127.0.0.1:2112
+	// HoldMax is the longest a task waits for its turn inside the worker
+	// (holding one of its slots); a task whose turn is further away goes
+	// back to Redis scheduled for it. Default 1s.
+	HoldMax time.Duration
+	// ReserveMax is the furthest ahead a turn is booked; a task that would
+	// wait longer is scheduled to ask again then. Default 1m.
+	ReserveMax time.Duration
+}
+
+// QueueConfig is one queue's share of the workers and its drain gate.
+type QueueConfig struct {
+	Priority    int          // asynq priority weight; default 1
+	Concurrency int          // tasks of this queue running at once, fleet-wide; 0: no limit
+	Drain       *LimitConfig // nil: the queue is not rate-limited
+}
+
+// LimitConfig is one rate limit: a throttle.Spec and what to do when Redis
+// cannot be reached.
+type LimitConfig struct {
+	Algorithm    string
+	Limit        int
+	Period       time.Duration
+	Burst        int
+	Windows      int
+	OnRedisError string // deny, allow or local
+}
+
+// TaskConfig is what a task type draws on.
+type TaskConfig struct {
+	Quotas      []string // names of Config.Quotas
+	Cost        int      // drawn from each quota and from the drain gate; default 1
+	Concurrency int      // tasks of this type running at once, fleet-wide; 0: no limit
+}
+
+// HTTPConfig limits the http:request job type.
+type HTTPConfig struct {
+	Allow []string // host names it may call (any port)
+}
+
+// The failure policies of a gate whose Redis cannot be reached.
+const (
+	OnRedisErrorDeny  = "deny"  // the task waits: safest for quotas that cost money
+	OnRedisErrorAllow = "allow" // the task runs: availability first
+	OnRedisErrorLocal = "local" // an in-process limiter at the limit divided by the live workers
+)
+
+// Defaults returns c with every unset value at its default.
+func (c Config) Defaults() Config {
+	if c.Worker.Concurrency == 0 {
+		c.Worker.Concurrency = 10
+	}
+	if c.Worker.MetricsAddr == "" {
+		c.Worker.MetricsAddr = "127.0.0.1:2112"
+	}
+	if c.Worker.HoldMax == 0 {
+		c.Worker.HoldMax = time.Second
+	}
+	if c.Worker.ReserveMax == 0 {
+		c.Worker.ReserveMax = time.Minute
+	}
+	queues := make(map[string]QueueConfig, len(c.Queues))
+	for name, q := range c.Queues {
+		if q.Priority == 0 {
+			q.Priority = 1
+		}
+		if q.Drain != nil {
+			d := q.Drain.defaults(throttle.LeakyBucket)
+			q.Drain = &d
+		}
+		queues[name] = q
+	}
+	c.Queues = queues
+	quotas := make(map[string]LimitConfig, len(c.Quotas))
+	for name, l := range c.Quotas {
+		quotas[name] = l.defaults(throttle.TokenBucket)
+	}
+	c.Quotas = quotas
+	tasks := make(map[string]TaskConfig, len(c.Tasks))
+	for name, t := range c.Tasks {
+		if t.Cost == 0 {
+			t.Cost = 1
+		}
+		tasks[name] = t
+	}
+	c.Tasks = tasks
+	return c
+}
+
+func (l LimitConfig) defaults(algorithm throttle.Algorithm) LimitConfig {
+	if l.Algorithm == "" {
+		l.Algorithm = string(algorithm)
+	}
+	if l.OnRedisError == "" {
+		l.OnRedisError = OnRedisErrorDeny
+	}
+	return l
+}
+
+// Spec is the limit as a throttle.Spec.
+func (l LimitConfig) Spec() throttle.Spec {
+	return throttle.Spec{Algorithm: throttle.Algorithm(l.Algorithm), Limit: l.Limit, Period: l.Period, Burst: l.Burst, Windows: l.Windows}
+}
+
+// Validate returns one error per problem in c (after Defaults), each naming
+// its key as config.yaml spells it, in a stable order.
+func (c Config) Validate() []error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if c.Worker.Concurrency < 1 {
+		bad("worker.concurrency", "must be >= 1, got %d", c.Worker.Concurrency)
+	}
+	if c.Worker.HoldMax < 0 {
+		bad("worker.hold_max", "must be >= 0, got %v", c.Worker.HoldMax)
+	}
+	if c.Worker.ReserveMax < c.Worker.HoldMax {
+		bad("worker.reserve_max", "must be >= worker.hold_max (%v), got %v", c.Worker.HoldMax, c.Worker.ReserveMax)
+	}
+	for _, name := range sortedKeys(c.Queues) {
+		q := c.Queues[name]
+		key := "queues." + name
+		if q.Priority < 1 {
+			bad(key+".priority", "must be >= 1, got %d", q.Priority)
+		}
+		if q.Concurrency < 0 {
+			bad(key+".concurrency", "must be >= 0 (0: no limit), got %d", q.Concurrency)
+		}
+		if q.Drain != nil {
+			errs = append(errs, q.Drain.validate(key+".drain")...)
+		}
+	}
+	for _, name := range sortedKeys(c.Quotas) {
+		errs = append(errs, c.Quotas[name].validate("quotas."+name)...)
+	}
+	for _, name := range sortedKeys(c.Tasks) {
+		t := c.Tasks[name]
+		key := "tasks." + name
+		for _, quota := range t.Quotas {
+			if _, ok := c.Quotas[quota]; !ok {
+				bad(key+".quotas", "names quota %q, which is not under quotas (known: %v)", quota, sortedKeys(c.Quotas))
+			}
+		}
+		if t.Cost < 1 {
+			bad(key+".cost", "must be >= 1, got %d", t.Cost)
+		}
+		if t.Concurrency < 0 {
+			bad(key+".concurrency", "must be >= 0 (0: no limit), got %d", t.Concurrency)
+		}
+	}
+	return errs
+}
+
+func (l LimitConfig) validate(key string) []error {
+	var errs []error
+	switch l.OnRedisError {
+	case OnRedisErrorDeny, OnRedisErrorAllow, OnRedisErrorLocal:
+	default:
+		errs = append(errs, fmt.Errorf("%s.on_redis_error: must be deny, allow or local, got %q", key, l.OnRedisError))
+	}
+	if _, err := throttle.NewLocal(l.Spec()); err != nil {
+		var bad *throttle.SpecError
+		if errors.As(err, &bad) {
+			// Name the key as config.yaml spells it.
+			return append(errs, fmt.Errorf("%s.%s: %s", key, strings.ToLower(bad.Field), bad.Problem))
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", key, err))
+	}
+	return errs
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
