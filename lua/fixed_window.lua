@@ -2,7 +2,7 @@
 --
 -- KEYS[1] -> hash {w = index of the window counted, c = events counted in it}
 -- ARGV    -> now, limit, period, burst (unused), windows (unused), n, ttl slack,
---            op, op argument (see prelude and epilogue)
+--            op, op argument (see lua.go and epilogue.lua)
 
 local key = KEYS[1]
 local state = redis.call('HMGET', key, 'w', 'c')

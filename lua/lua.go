@@ -1,9 +1,10 @@
-// Package lua holds sluice's Redis scripts, one per rate-limit algorithm.
+// Package lua holds sluice's Redis scripts: one per rate-limit algorithm,
+// and the fleet-wide semaphore.
 //
-// Each exported string is a complete script: the shared prelude
-// (prelude.lua: clock, exact integer division, TTL), the algorithm's body
+// Each rate-limit script is common.lua (clock, exact integer division),
+// limiter.lua (the arguments below, TTL), the algorithm's body
 // (its state, and decide, record and give_back on it), and the shared
-// epilogue (epilogue.lua: allow, reserve or cancel with those three). Every
+// epilogue (epilogue.lua: allow, reserve, cancel or block with those). Every
 // script takes the same KEYS and ARGV, so one caller runs them all:
 //
 //	KEYS[1] the key's state
@@ -32,7 +33,7 @@ import (
 //go:embed *.lua
 var files embed.FS
 
-// The scripts, one per algorithm.
+// The rate-limit scripts, one per algorithm.
 var (
 	FixedWindow    = script("fixed_window.lua")
 	SlidingLog     = script("sliding_log.lua")
@@ -41,8 +42,11 @@ var (
 	LeakyBucket    = script("leaky_bucket.lua")
 )
 
+// Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
+var Semaphore = read("common.lua") + "\n" + read("semaphore.lua")
+
 func script(body string) string {
-	return read("prelude.lua") + "\n" + read(body) + read("epilogue.lua")
+	return read("common.lua") + "\n" + read("limiter.lua") + "\n" + read(body) + read("epilogue.lua")
 }
 
 func read(name string) string {

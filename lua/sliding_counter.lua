@@ -3,7 +3,7 @@
 --
 -- KEYS[1] -> hash: sub-window index (time µs // sub-window µs) -> events counted in it
 -- ARGV    -> now, limit, period, burst (unused), windows, n, ttl slack,
---            op, op argument (see prelude and epilogue)
+--            op, op argument (see lua.go and epilogue.lua)
 
 local key = KEYS[1]
 local sub = period / windows -- whole: the caller checks that windows divides period

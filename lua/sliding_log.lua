@@ -3,7 +3,7 @@
 -- KEYS[1] -> sorted set of counted events, scored by their time in µs; each
 --            event is its own member ("time:seq"), so n events are n members
 -- ARGV    -> now, limit, period, burst (unused), windows (unused), n, ttl slack,
---            op, op argument (see prelude and epilogue)
+--            op, op argument (see lua.go and epilogue.lua)
 
 local key = KEYS[1]
 redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))

@@ -7,7 +7,7 @@
 --
 -- KEYS[1] -> hash {t = tokens × period, l = µs of the last call counted}
 -- ARGV    -> now, limit, period, burst, windows (unused), n, ttl slack,
---            op, op argument (see prelude and epilogue)
+--            op, op argument (see lua.go and epilogue.lua)
 
 local key = KEYS[1]
 local capacity, cost = burst * period, n * period

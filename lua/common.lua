@@ -1,4 +1,4 @@
--- Prelude shared by every sluice script (lua.go puts it in front of each one).
+-- Common to every sluice script (lua.go puts it in front of each one).
 --
 -- All times are integer microseconds. A Unix time in µs is below 2^53, so
 -- Lua's doubles hold it, and every product the scripts form exactly; numbers
@@ -40,15 +40,3 @@ local function clock()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- keep_for gives a key the TTL its state needs (reset µs, > 0) plus the
--- caller's slack (ARGV[7]): an injected clock need not run with Redis's.
-local function keep_for(key, reset)
-  redis.call('PEXPIRE', key, ceildiv(reset + tonumber(ARGV[7]), 1000))
-end
-
-local now = clock()
-local limit = tonumber(ARGV[2])
-local period = tonumber(ARGV[3])
-local burst = tonumber(ARGV[4])
-local windows = tonumber(ARGV[5])
-local n = tonumber(ARGV[6])
