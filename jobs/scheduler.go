@@ -1,0 +1,398 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+const (
+	// delayedTaskCheck is how often asynq moves due scheduled tasks to
+	// pending (its default of 5s would make requeued tasks late).
+	delayedTaskCheck = 100 * time.Millisecond
+	// taskCheck is how long an idle asynq worker sleeps between looks at
+	// empty queues: between half of it and one and a half times it.
+	taskCheck = 100 * time.Millisecond
+	// requeueLead schedules a requeued task this long before its turn: long
+	// enough to become pending and be picked up by a worker that was idle,
+	// which then waits the rest of the way.
+	requeueLead = delayedTaskCheck + taskCheck*3/2 + 50*time.Millisecond
+	// slotLease is the lease of a concurrency slot; a running task renews it
+	// every third of it.
+	slotLease = 30 * time.Second
+	// redisRetry is how often a gate whose policy is deny asks Redis again.
+	redisRetry = time.Second
+)
+
+// Scheduler puts every task through its gates before its handler runs: the
+// drain gate of its queue, the quota gates of its type (each a rate limit
+// on Redis, shared by the fleet), then the concurrency limits of its queue
+// and type. A task that must wait gets its turn booked on every gate at
+// once, and waits for it in the worker when it is near (Config.Worker
+// HoldMax), or goes back to Redis scheduled for it and passes the gates
+// without asking again when it comes back. It is never failed, retried or
+// archived for having to wait.
+//
+// Use Middleware on the asynq.ServeMux, AsynqConfig for the asynq.Server,
+// Run in the background, and Apply to change the config live.
+type Scheduler struct {
+	rdb       redis.UniversalClient
+	client    *asynq.Client
+	inspector *asynq.Inspector
+	metrics   *Metrics
+	log       *slog.Logger
+	worker    string // this process, for concurrency leases
+
+	gates   atomic.Pointer[gateSet]
+	offset  atomic.Int64 // Redis's clock minus ours, ns
+	workers atomic.Int64 // live workers in the fleet, last seen
+	holding sync.Map     // queue -> *atomic.Int64: tasks waiting in this worker
+}
+
+// NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
+// asynqRedis is where the queues are (the same server, as asynq wants it).
+func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg Config, m *Metrics, log *slog.Logger) (*Scheduler, error) {
+	host, _ := os.Hostname()
+	s := &Scheduler{
+		rdb:       rdb,
+		client:    asynq.NewClient(asynqRedis),
+		inspector: asynq.NewInspector(asynqRedis),
+		metrics:   m,
+		log:       log,
+		worker:    host + ":" + strconv.Itoa(os.Getpid()),
+	}
+	s.workers.Store(1)
+	if err := s.Apply(cfg); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close releases the Scheduler's connections.
+func (s *Scheduler) Close() error {
+	return errors.Join(s.client.Close(), s.inspector.Close())
+}
+
+// Config returns the config in force.
+func (s *Scheduler) Config() Config { return s.gates.Load().cfg }
+
+// Apply puts cfg in force for every task that starts from now on; tasks
+// already past their gates keep their turns. A cfg with problems is
+// refused and the one in force stays.
+func (s *Scheduler) Apply(cfg Config) error {
+	cfg = cfg.Defaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
+	}
+	gs, err := newGateSet(s.rdb, cfg)
+	if err != nil {
+		return err
+	}
+	s.gates.Store(gs)
+	return nil
+}
+
+// AsynqConfig returns the asynq.Server config that the gates need: queues
+// and priorities from the config, and a short delayed-task check so that
+// requeued tasks come back on time. Config changes to queues need a restart.
+func (s *Scheduler) AsynqConfig() asynq.Config {
+	cfg := s.Config()
+	queues := map[string]int{}
+	for name, q := range cfg.Queues {
+		queues[name] = q.Priority
+	}
+	if len(queues) == 0 {
+		queues["default"] = 1
+	}
+	return asynq.Config{
+		Concurrency:              cfg.Worker.Concurrency,
+		Queues:                   queues,
+		DelayedTaskCheckInterval: delayedTaskCheck,
+		TaskCheckInterval:        taskCheck,
+		Logger:                   asynqLogger{s.log},
+		IsFailure:                func(err error) bool { return !errors.Is(err, errWaitInRedis) },
+		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
+			if errors.Is(err, errWaitInRedis) {
+				return redisRetry
+			}
+			return asynq.DefaultRetryDelayFunc(n, err, t)
+		},
+	}
+}
+
+// errWaitInRedis is returned when a task that must wait cannot be requeued
+// (Redis failed): asynq then retries it without counting a failure.
+var errWaitInRedis = errors.New("jobs: task must wait and could not be requeued")
+
+// Run keeps the Scheduler's view of the fleet fresh until ctx ends: the
+// offset of Redis's clock from ours, and the number of live workers (for
+// the local policy).
+func (s *Scheduler) Run(ctx context.Context) {
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	for {
+		s.measureClock(ctx)
+		if servers, err := s.inspector.Servers(); err == nil && len(servers) > 0 {
+			s.workers.Store(int64(len(servers)))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Scheduler) measureClock(ctx context.Context) {
+	before := time.Now()
+	redisNow, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return
+	}
+	rtt := time.Since(before)
+	s.offset.Store(int64(redisNow.Sub(before.Add(rtt / 2))))
+}
+
+// local returns the instant t of Redis's clock on ours.
+func (s *Scheduler) local(t time.Time) time.Time {
+	return t.Add(-time.Duration(s.offset.Load()))
+}
+
+// Middleware is the asynq middleware that gates every task.
+func (s *Scheduler) Middleware(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		return s.process(ctx, t, next)
+	})
+}
+
+func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
+	gs := s.gates.Load()
+	queue, _ := asynq.GetQueueName(ctx)
+	cost := gs.cost(t.Type())
+	b, err := s.book(ctx, gs, queue, t, cost)
+	if err != nil {
+		return err
+	}
+	if b.deferFor > 0 {
+		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+		return s.requeue(ctx, t, queue, time.Now().Add(b.deferFor), nil)
+	}
+	if wait := time.Until(b.ready); wait > 0 {
+		if !s.hold(ctx, gs, queue, wait) {
+			s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+			return s.requeue(ctx, t, queue, b.ready.Add(-requeueLead), b.turns)
+		}
+	}
+	release, retryIn, err := s.takeSlots(ctx, gs, queue, t)
+	if err != nil {
+		return err
+	}
+	if release == nil {
+		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+		return s.requeue(ctx, t, queue, time.Now().Add(retryIn), b.turns)
+	}
+	err = next.ProcessTask(ctx, t)
+	release()
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	s.metrics.completed.WithLabelValues(queue, gs.typeLabel(t.Type()), result).Inc()
+	var busy *UpstreamBusyError
+	if errors.As(err, &busy) {
+		return s.upstreamBusy(ctx, gs, queue, t, busy)
+	}
+	return err
+}
+
+// hold waits in this worker for wait, if the queue may hold one more of
+// this worker's slots; it reports false when the task should rather go
+// back to Redis. A turn closer than requeueLead is always waited for: going
+// to Redis and back would take longer.
+func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait time.Duration) bool {
+	if wait > gs.cfg.Worker.HoldMax {
+		return false
+	}
+	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
+	holding := v.(*atomic.Int64)
+	// A slow queue may hold at most half the slots, so that it cannot
+	// starve the others on the same workers.
+	limit := int64(max(1, gs.cfg.Worker.Concurrency/2))
+	if holding.Add(1) > limit && wait > requeueLead {
+		holding.Add(-1)
+		return false
+	}
+	defer holding.Add(-1)
+	s.metrics.throttled.WithLabelValues(queue, "held").Inc()
+	s.metrics.waited.WithLabelValues(queue).Add(wait.Seconds())
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	return true
+}
+
+// requeue sends a copy of the task back to Redis, scheduled for at and
+// carrying its turns, and revokes this one: asynq then deletes it without
+// counting a failure or a retry, whatever its MaxRetry.
+func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue string, at time.Time, turns []heldTurn) error {
+	id, _ := asynq.GetTaskID(ctx)
+	info, err := s.inspector.GetTaskInfo(queue, id)
+	if err != nil {
+		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "err", err)
+		return fmt.Errorf("%w: %v", errWaitInRedis, err)
+	}
+	headers := make(map[string]string, len(t.Headers())+3)
+	for k, v := range t.Headers() {
+		headers[k] = v
+	}
+	origin := headers[headerOrigin]
+	if origin == "" {
+		origin = id
+	}
+	hop, _ := strconv.Atoi(headers[headerHop])
+	hop++
+	headers[headerOrigin] = origin
+	headers[headerHop] = strconv.Itoa(hop)
+	delete(headers, headerTurns)
+	if len(turns) > 0 {
+		headers[headerTurns] = writeTurns(turns)
+	}
+	opts := []asynq.Option{
+		asynq.Queue(queue),
+		// A deterministic id: if this task runs twice (a worker died after
+		// the copy was made), the second copy is refused as a duplicate.
+		asynq.TaskID(origin + "~" + strconv.Itoa(hop)),
+		asynq.MaxRetry(max(0, info.MaxRetry-info.Retried)),
+		asynq.ProcessAt(at),
+	}
+	if info.Timeout > 0 {
+		opts = append(opts, asynq.Timeout(info.Timeout))
+	}
+	if !info.Deadline.IsZero() {
+		opts = append(opts, asynq.Deadline(info.Deadline))
+	}
+	if info.Retention > 0 {
+		opts = append(opts, asynq.Retention(info.Retention))
+	}
+	_, err = s.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "err", err)
+		return fmt.Errorf("%w: %v", errWaitInRedis, err)
+	}
+	return asynq.RevokeTask
+}
+
+// upstreamBusy blocks every quota of the task's type until the upstream's
+// Retry-After has passed, on every worker, and sends the task back to wait
+// for it: an API that says "not now" has not failed the task.
+func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue string, t *asynq.Task, busy *UpstreamBusyError) error {
+	wait := busy.RetryAfter
+	if wait <= 0 {
+		wait = time.Second // no Retry-After: a short pause, then ask the quotas again
+	}
+	for _, g := range gs.quotasOf(t.Type()) {
+		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
+		if err := g.remote.Block(ctx, g.key, wait); err != nil {
+			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)
+		}
+	}
+	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", wait)
+	return s.requeue(ctx, t, queue, time.Now().Add(wait), nil)
+}
+
+// takeSlots takes the task's concurrency slots (its queue's and its
+// type's), waiting up to HoldMax for them. It returns the function that
+// gives them back, or nil and how soon to try again.
+func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t *asynq.Task) (release func(), retryIn time.Duration, err error) {
+	sems := gs.semaphoresOf(queue, t.Type())
+	if len(sems) == 0 {
+		return func() {}, 0, nil
+	}
+	id, _ := asynq.GetTaskID(ctx)
+	holder := s.worker + ":" + id
+	deadline := time.Now().Add(gs.cfg.Worker.HoldMax)
+	var taken []slot
+	giveBack := func() {
+		for _, sl := range taken {
+			if err := sl.sem.Release(context.WithoutCancel(ctx), sl.key, holder); err != nil {
+				s.log.Warn("cannot release a concurrency slot; its lease will end", "slot", sl.key, "err", err)
+			}
+		}
+	}
+	for _, sl := range sems {
+		for {
+			st, err := sl.sem.Acquire(ctx, sl.key, holder)
+			if err != nil {
+				// No Redis: run rather than hold the slot forever; the
+				// rate gates still apply.
+				s.log.Warn("concurrency limit unavailable", "slot", sl.key, "err", err)
+				break
+			}
+			if st.Held {
+				taken = append(taken, sl)
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				giveBack()
+				return nil, min(max(st.Free, 50*time.Millisecond), time.Second), nil
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { s.renew(ctx, taken, holder, stop) })
+	return func() {
+		close(stop)
+		wg.Wait()
+		giveBack()
+	}, 0, nil
+}
+
+type slot struct {
+	sem *throttle.Semaphore
+	key string
+}
+
+func (s *Scheduler) renew(ctx context.Context, taken []slot, holder string, stop <-chan struct{}) {
+	tick := time.NewTicker(slotLease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			for _, sl := range taken {
+				if _, err := sl.sem.Renew(context.WithoutCancel(ctx), sl.key, holder); err != nil {
+					s.log.Warn("cannot renew a concurrency lease", "slot", sl.key, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// localSpec divides a limit among the live workers, for the local policy.
+func localSpec(l LimitConfig, workers int64) throttle.Spec {
+	spec := l.Spec()
+	share := func(v int) int { return max(1, int(math.Ceil(float64(v)/float64(workers)))) }
+	spec.Limit = share(spec.Limit)
+	if spec.Burst > 0 {
+		spec.Burst = share(spec.Burst)
+	}
+	return spec
+}

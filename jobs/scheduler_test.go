@@ -1,0 +1,175 @@
+package jobs_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// recorder is a handler that notes when each task ran.
+type recorder struct {
+	mu   sync.Mutex
+	runs map[string][]time.Time // payload -> start times
+}
+
+func (r *recorder) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.runs[string(t.Payload())] = append(r.runs[string(t.Payload())], time.Now())
+	return nil
+}
+
+func (r *recorder) starts() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var all []time.Time
+	for _, ts := range r.runs {
+		all = append(all, ts...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
+	return all
+}
+
+// fleet runs n in-process asynq servers with the scheduler on cfg.
+func fleet(t *testing.T, cfg jobs.Config, n int, handler asynq.Handler) (*jobs.Metrics, *prometheus.Registry) {
+	t.Helper()
+	opt := asynq.RedisClientOpt{Addr: redistest.Addr(t)}
+	reg := prometheus.NewRegistry()
+	metrics := jobs.NewMetrics(reg)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for i := 0; i < n; i++ {
+		sched, err := jobs.NewScheduler(redistest.Client(t), opt, cfg, metrics, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go sched.Run(ctx)
+		mux := asynq.NewServeMux()
+		mux.Use(sched.Middleware)
+		mux.Handle("test:record", handler)
+		srv := asynq.NewServer(opt, sched.AsynqConfig())
+		if err := srv.Start(mux); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			srv.Shutdown()
+			cancel()
+			sched.Close()
+		})
+	}
+	return metrics, reg
+}
+
+func uniqueQueue(t *testing.T) string {
+	return strings.NewReplacer("/", "-", ":", "-").Replace(strings.TrimSuffix(redistest.Prefix(t), ":"))
+}
+
+func enqueue(t *testing.T, queue string, n int, opts ...asynq.Option) {
+	t.Helper()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i := 0; i < n; i++ {
+		task := asynq.NewTask("test:record", []byte(fmt.Sprint(i)))
+		if _, err := client.Enqueue(task, append([]asynq.Option{asynq.Queue(queue)}, opts...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDrainGateSpacesTasks: 60 tasks with MaxRetry 0 through a drain of
+// 20/s, burst 1, on two workers: every task runs once, none is
+// archived or failed, no second holds more than 21, and each costs one
+// limiter call.
+func TestDrainGateSpacesTasks(t *testing.T) {
+	queue := uniqueQueue(t)
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 10},
+		Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: 20, Period: time.Second, Burst: 1}}},
+	}
+	rec := &recorder{runs: map[string][]time.Time{}}
+	_, reg := fleet(t, cfg, 2, rec)
+	const tasks = 60
+	enqueue(t, queue, tasks, asynq.MaxRetry(0))
+	waitFor(t, 15*time.Second, "all tasks to run", func() bool { return len(rec.starts()) >= tasks })
+	time.Sleep(200 * time.Millisecond)
+
+	starts := rec.starts()
+	if len(starts) != tasks || len(rec.runs) != tasks {
+		t.Fatalf("%d runs of %d distinct tasks, want %d of %d", len(starts), len(rec.runs), tasks, tasks)
+	}
+	if most := maxInWindow(starts, time.Second); most > 21 {
+		t.Errorf("%d tasks ran within one second, want at most 21", most)
+	}
+	rate := float64(tasks-1) / starts[len(starts)-1].Sub(starts[0]).Seconds()
+	if rate < 19.6 || rate > 20.4 {
+		t.Errorf("drained at %.2f/s, want 20/s within 2%%", rate)
+	}
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	info, err := inspector.GetQueueInfo(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Archived != 0 || info.Retry != 0 || info.Failed != 0 || info.Pending != 0 || info.Scheduled != 0 {
+		t.Errorf("queue after the run: %+v, want nothing archived, retrying, failed or left", info)
+	}
+	evaluations := counterSum(t, reg, "sluice_gate_evaluations_total")
+	if per := evaluations / tasks; per > 1.2 {
+		t.Errorf("%.2f limiter calls per task, want at most 1.2", per)
+	}
+	t.Logf("rate %.3f/s, %.2f limiter calls per task", rate, evaluations/tasks)
+}
+
+// maxInWindow is the most of the sorted times that fall in any window of
+// length d.
+func maxInWindow(times []time.Time, d time.Duration) int {
+	most, first := 0, 0
+	for last := range times {
+		for times[last].Sub(times[first]) >= d {
+			first++
+		}
+		most = max(most, last-first+1)
+	}
+	return most
+}
+
+// counterSum adds up a counter family in reg.
+func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}

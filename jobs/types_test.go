@@ -1,0 +1,322 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+func TestTypesSortedAndLookup(t *testing.T) {
+	var names []string
+	for _, typ := range Types() {
+		names = append(names, typ.Name)
+		if got, ok := LookupType(typ.Name); !ok || got.Name != typ.Name {
+			t.Errorf("LookupType(%q) = %q, %v", typ.Name, got.Name, ok)
+		}
+	}
+	if want := []string{TypeNoop, TypeSleep, TypeHTTPRequest}; strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Errorf("Types() names = %v, want %v", names, want)
+	}
+	if _, ok := LookupType("demo:nope"); ok {
+		t.Error(`LookupType("demo:nope") found a type`)
+	}
+}
+
+func TestTypeValidate(t *testing.T) {
+	tests := []struct {
+		desc    string
+		typ     string
+		payload string
+		wantErr string // "" means valid
+	}{
+		{"noop empty", TypeNoop, ``, ""},
+		{"noop object", TypeNoop, ` {} `, ""},
+		{"noop unknown field", TypeNoop, `{"x":1}`, `demo:noop: payload: unknown field "x"`},
+		{"noop null", TypeNoop, `null`, `demo:noop: payload: want a JSON object, got null`},
+		{"sleep ok", TypeSleep, `{"ms": 250}`, ""},
+		{"sleep zero", TypeSleep, `{"ms": 0}`, ""},
+		{"sleep max", TypeSleep, `{"ms": 3600000}`, ""},
+		{"sleep negative", TypeSleep, `{"ms": -5}`, `demo:sleep: payload: field "ms" must be between 0 and 3600000, got -5`},
+		{"sleep too long", TypeSleep, `{"ms": 3600001}`, `demo:sleep: payload: field "ms" must be between 0 and 3600000, got 3600001`},
+		{"sleep fraction", TypeSleep, `{"ms": 1.5}`, `demo:sleep: payload: field "ms": want an integer, got number 1.5`},
+		{"sleep string", TypeSleep, `{"ms": "5"}`, `demo:sleep: payload: field "ms": want an integer, got string`},
+		{"sleep empty", TypeSleep, ``, `demo:sleep: payload: empty, want a JSON object`},
+		{"sleep array", TypeSleep, `[1]`, `demo:sleep: payload: want a JSON object, got array`},
+		{"sleep truncated", TypeSleep, `{"ms": 5`, `demo:sleep: payload: invalid JSON at byte 8: unexpected end of input`},
+		{"sleep trailing object", TypeSleep, `{"ms": 5} {}`, `demo:sleep: payload: invalid JSON at byte 10: data after the first value`},
+		{"sleep trailing garbage", TypeSleep, `{"ms": 5}x`, `demo:sleep: payload: invalid JSON at byte 9: data after the first value`},
+		{"http minimal", TypeHTTPRequest, `{"url": "https://api.example.com/v1"}`, ""},
+		{"http full", TypeHTTPRequest, `{"method": "post", "url": "http://[::1]:8080/x?q=1", "headers": {"X-Key": "k"}, "body": "hi"}`, ""},
+		{"http url missing", TypeHTTPRequest, `{"method": "GET"}`, `http:request: payload: "url" is required`},
+		{"http url blank", TypeHTTPRequest, `{"url": "  "}`, `http:request: payload: "url" is required`},
+		{"http url relative", TypeHTTPRequest, `{"url": "/v1"}`, `http:request: payload: field "url" must be an absolute http or https URL, got "/v1"`},
+		{"http url ftp", TypeHTTPRequest, `{"url": "ftp://h/x"}`, `http:request: payload: field "url" must be an absolute http or https URL, got "ftp://h/x"`},
+		{"http url no host", TypeHTTPRequest, `{"url": "http:///x"}`, `http:request: payload: field "url" must be an absolute http or https URL, got "http:///x"`},
+		{"http unknown field", TypeHTTPRequest, `{"urll": "https://a"}`, `http:request: payload: unknown field "urll"`},
+		{"http bad JSON", TypeHTTPRequest, `{"url": "https://a" "method": "GET"}`, `http:request: payload: invalid JSON at byte 21: invalid character '"' after object key:value pair`},
+		{"http method unknown", TypeHTTPRequest, `{"url": "https://a", "method": "FETCH"}`, `http:request: payload: field "method" must be one of GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE, got "FETCH"`},
+		{"http method CONNECT", TypeHTTPRequest, `{"url": "https://a", "method": "connect"}`, `field "method" must be one of`},
+		{"http headers not object", TypeHTTPRequest, `{"url": "https://a", "headers": ["a"]}`, `http:request: payload: field "headers": want an object, got array`},
+		{"http header value number", TypeHTTPRequest, `{"url": "https://a", "headers": {"A": 1}}`, `http:request: payload: field "headers": want a string, got number`},
+		{"http header bad name", TypeHTTPRequest, `{"url": "https://a", "headers": {"X Y": "1"}}`, `http:request: payload: field "headers": invalid header name "X Y"`},
+		{"http header CRLF", TypeHTTPRequest, `{"url": "https://a", "headers": {"X": "1\r\nY: 2"}}`, `http:request: payload: field "headers": value of "X" must not contain CR, LF or NUL`},
+		{"http header Host", TypeHTTPRequest, `{"url": "https://a", "headers": {"host": "b"}}`, `http:request: payload: field "headers": "host" is set from "url" and "body"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			typ, ok := LookupType(tt.typ)
+			if !ok {
+				t.Fatalf("no type %q", tt.typ)
+			}
+			err := typ.Validate([]byte(tt.payload))
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("Validate(%s) = %v, want nil", tt.payload, err)
+			case tt.wantErr != "" && err == nil:
+				t.Fatalf("Validate(%s) = nil, want %q", tt.payload, tt.wantErr)
+			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+				t.Fatalf("Validate(%s) = %q, want %q", tt.payload, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestNewTaskValidates(t *testing.T) {
+	if _, err := NewSleepTask(SleepPayload{MS: -1}); err == nil {
+		t.Error("NewSleepTask(ms -1) = nil error")
+	}
+	if _, err := NewHTTPRequestTask(HTTPRequestPayload{Method: "GET"}); err == nil {
+		t.Error("NewHTTPRequestTask(no url) = nil error")
+	}
+	task, err := NewHTTPRequestTask(HTTPRequestPayload{URL: "https://a.example/?x=1&y=2"}, asynq.MaxRetry(3))
+	if err != nil || task.Type() != TypeHTTPRequest {
+		t.Fatalf("NewHTTPRequestTask = %v, %v", task, err)
+	}
+	if err := Types()[2].Validate(task.Payload()); err != nil {
+		t.Errorf("payload %s of a constructed task is invalid: %v", task.Payload(), err)
+	}
+	if task, err := NewNoopTask(); err != nil || task.Type() != TypeNoop {
+		t.Errorf("NewNoopTask = %v, %v", task, err)
+	}
+}
+
+// process runs a task through the handlers Register installs.
+func process(ctx context.Context, t *testing.T, allow []string, client *http.Client, typ, payload string) error {
+	t.Helper()
+	mux := asynq.NewServeMux()
+	Register(mux, allow, client)
+	return mux.ProcessTask(ctx, asynq.NewTask(typ, []byte(payload)))
+}
+
+func TestHTTPRequestStatus(t *testing.T) {
+	date := time.Now().Add(10 * time.Second).UTC().Format(http.TimeFormat)
+	tests := []struct {
+		desc       string
+		status     int
+		retryAfter string
+		wantBusy   *UpstreamBusyError // non-nil: an UpstreamBusyError, RetryAfter ±1s
+		wantErr    bool
+	}{
+		{desc: "200", status: 200},
+		{desc: "204", status: 204},
+		{desc: "500 is retried", status: 500, wantErr: true},
+		{desc: "404 is retried", status: 404, wantErr: true},
+		{desc: "429 delta-seconds", status: 429, retryAfter: "2", wantBusy: &UpstreamBusyError{429, 2 * time.Second}},
+		{desc: "503 HTTP-date", status: 503, retryAfter: date, wantBusy: &UpstreamBusyError{503, 10 * time.Second}},
+		{desc: "429 no Retry-After", status: 429, wantBusy: &UpstreamBusyError{429, 0}},
+		{desc: "503 unparsable Retry-After", status: 503, retryAfter: "soon", wantBusy: &UpstreamBusyError{503, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tt.retryAfter != "" {
+					w.Header().Set("Retry-After", tt.retryAfter)
+				}
+				w.WriteHeader(tt.status)
+			}))
+			defer srv.Close()
+			err := process(context.Background(), t, []string{"127.0.0.1"}, nil, TypeHTTPRequest, `{"url": "`+srv.URL+`/x"}`)
+			if errors.Is(err, asynq.SkipRetry) {
+				t.Fatalf("error %v wraps SkipRetry; want it retried", err)
+			}
+			var busy *UpstreamBusyError
+			switch {
+			case tt.wantBusy != nil:
+				if !errors.As(err, &busy) {
+					t.Fatalf("error %v, want an UpstreamBusyError", err)
+				}
+				if d := busy.RetryAfter - tt.wantBusy.RetryAfter; busy.Status != tt.wantBusy.Status || d < -time.Second || d > time.Second {
+					t.Errorf("got %+v, want %+v (RetryAfter ±1s)", *busy, *tt.wantBusy)
+				}
+			case tt.wantErr:
+				if err == nil || errors.As(err, &busy) {
+					t.Errorf("error %v, want an ordinary error", err)
+				}
+			case err != nil:
+				t.Errorf("error %v, want nil", err)
+			}
+		})
+	}
+}
+
+func TestHTTPRequestSendsAsGiven(t *testing.T) {
+	var got struct {
+		method, path, header, body string
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.method, got.path, got.header, got.body = r.Method, r.URL.RequestURI(), r.Header.Get("X-Api-Key"), string(b)
+	}))
+	defer srv.Close()
+	payload := `{"method": "put", "url": "` + srv.URL + `/items/7?v=2", "headers": {"x-api-key": "s3cret"}, "body": "{\"n\":1}"}`
+	if err := process(context.Background(), t, []string{"127.0.0.1"}, srv.Client(), TypeHTTPRequest, payload); err != nil {
+		t.Fatal(err)
+	}
+	if got.method != "PUT" || got.path != "/items/7?v=2" || got.header != "s3cret" || got.body != `{"n":1}` {
+		t.Errorf("server saw %+v", got)
+	}
+}
+
+func TestHTTPRequestAllowList(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		switch r.URL.Path {
+		case "/away":
+			http.Redirect(w, r, "http://not-allowed.example/x", http.StatusFound)
+		case "/home":
+			http.Redirect(w, r, "/done", http.StatusFound)
+		}
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	tests := []struct {
+		desc     string
+		allow    []string
+		url      string
+		wantSkip bool
+		wantHits int32
+	}{
+		{"allowed", []string{"127.0.0.1"}, srv.URL + "/", false, 1},
+		{"host not listed", []string{"api.example.com"}, srv.URL + "/", true, 0},
+		{"no allow list", nil, srv.URL + "/", true, 0},
+		{"redirect within allowed host", []string{"127.0.0.1"}, srv.URL + "/home", false, 2},
+		{"redirect to host not listed", []string{"127.0.0.1"}, srv.URL + "/away", true, 1},
+		{"case-insensitive", []string{"LOCALHOST"}, "http://localHost:" + strconv.Itoa(port) + "/", false, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			hits.Store(0)
+			// Every host name dials the test server, so a request that
+			// should have been refused would be counted.
+			client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, srv.Listener.Addr().String())
+			}}}
+			err := process(context.Background(), t, tt.allow, client, TypeHTTPRequest, `{"url": "`+tt.url+`"}`)
+			if skip := errors.Is(err, asynq.SkipRetry); skip != tt.wantSkip || (!tt.wantSkip && err != nil) {
+				t.Errorf("error %v, want SkipRetry %v", err, tt.wantSkip)
+			}
+			if n := hits.Load(); n != tt.wantHits {
+				t.Errorf("server got %d requests, want %d", n, tt.wantHits)
+			}
+		})
+	}
+}
+
+func TestHTTPRequestAllowedHost(t *testing.T) {
+	h := newHTTPRequestHandler([]string{"API.example.com", "[::1]", "10.0.0.1"}, nil)
+	tests := []struct {
+		desc string
+		url  string
+		want bool
+	}{
+		{"exact", "https://api.example.com/x", true},
+		{"case and port", "http://Api.Example.COM:8443/x", true},
+		{"IPv6 literal", "http://[::1]:8080/", true},
+		{"IPv4 with port", "http://10.0.0.1:9/", true},
+		{"subdomain", "https://x.api.example.com/", false},
+		{"suffix", "https://api.example.com.evil.test/", false},
+		{"userinfo trick", "https://api.example.com@evil.test/", false},
+		{"other IPv6", "http://[::2]/", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			u, err := url.Parse(tt.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := h.allowed(u); got != tt.want {
+				t.Errorf("allowed(%s) = %v, want %v", tt.url, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	tests := []struct {
+		desc, value string
+		want        time.Duration
+	}{
+		{"absent", "", 0},
+		{"seconds", "120", 2 * time.Minute},
+		{"zero", "0", 0},
+		{"negative", "-3", 0},
+		{"overflow", "99999999999999999999", 0},
+		{"date", now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
+		{"past date", now.Add(-time.Hour).Format(http.TimeFormat), 0},
+		{"garbage", "tomorrow", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			if got := parseRetryAfter(tt.value, now); got != tt.want {
+				t.Errorf("parseRetryAfter(%q) = %v, want %v", tt.value, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSleepHonoursCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	start := time.Now()
+	err := process(ctx, t, nil, nil, TypeSleep, `{"ms": 3600000}`)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("error %v, want context.Canceled", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("returned after %v, want soon after cancel", d)
+	}
+}
+
+func TestSleepAndNoopHandlers(t *testing.T) {
+	tests := []struct {
+		desc, typ, payload string
+		wantSkip           bool
+	}{
+		{"sleep", TypeSleep, `{"ms": 1}`, false},
+		{"noop", TypeNoop, `{}`, false},
+		{"noop empty", TypeNoop, ``, false},
+		{"sleep bad payload is not retried", TypeSleep, `{"ms": -1}`, true},
+		{"noop bad payload is not retried", TypeNoop, `{"x": 1}`, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.desc, func(t *testing.T) {
+			err := process(context.Background(), t, nil, nil, tt.typ, tt.payload)
+			if skip := errors.Is(err, asynq.SkipRetry); skip != tt.wantSkip || (!tt.wantSkip && err != nil) {
+				t.Errorf("error %v, want SkipRetry %v", err, tt.wantSkip)
+			}
+		})
+	}
+}
