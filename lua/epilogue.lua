@@ -1,11 +1,12 @@
 
--- Epilogue shared by every sluice script (lua.go puts it after the body).
--- The body has defined, on its loaded state:
---   decide(at)    -> fits, remaining, retry_after, reset_after (µs from at);
---                    changes nothing
---   record(at)    -> counts n events at `at`
---   give_back(at) -> uncounts n events that were counted at `at`
--- KEYS[2] holds the µs until which the key is blocked (absent: it is not).
+-- Epilogue shared by every rate-limit script (lua.go puts it after the
+-- body). The body has loaded its state and defined:
+--   blocked        µs until which the key is blocked (0: it is not)
+--   decide(at)     -> fits, remaining, retry_after, reset_after (µs from at);
+--                     changes nothing
+--   record(at, ttl)  counts n events at `at`; the key then lives ttl ms
+--   give_back(at)    uncounts n events that were counted at `at`
+--   block(ttl)       stores blocked; the key then lives ttl ms
 -- ARGV[8] picks the operation:
 --   'allow'   count n events now if they fit
 --   'reserve' the same, or else count them at the earliest instant they fit
@@ -16,18 +17,24 @@
 -- Reply: {allowed (1|0), remaining, retry_after, reset_after, delay, at}:
 -- all µs; delay is how long after now the events were counted (at).
 
+-- ttl is the TTL in ms of a key whose state must live `life` µs from now:
+-- longer if a block outlives it.
+local function ttl(life)
+  return ceildiv(math.max(life, blocked - now) + slack, 1000)
+end
+
 local op = ARGV[8]
 if op == 'cancel' then
   give_back(tonumber(ARGV[9]))
   return {1, 0, 0, 0, 0, tonumber(ARGV[9])}
 end
 
-local blocked = tonumber(redis.call('GET', KEYS[2])) or 0
 if op == 'block' then
   local until_ = now + tonumber(ARGV[9])
   if until_ > blocked then
-    redis.call('SET', KEYS[2], int(until_), 'PX', ceildiv(until_ - now + tonumber(ARGV[7]), 1000))
+    local _, _, _, reset = decide(now)
     blocked = until_
+    block(ttl(reset))
   end
   return {1, 0, 0, 0, 0, blocked}
 end
@@ -36,8 +43,7 @@ end
 local start = math.max(now, blocked, tonumber(ARGV[10]))
 local fits, remaining, retry, reset = decide(start)
 if fits and start == now then
-  record(now)
-  keep_for(KEYS[1], reset)
+  record(now, ttl(reset))
   return {1, remaining, 0, reset, 0, now}
 end
 local wait = start - now
@@ -49,8 +55,7 @@ if op == 'reserve' and wait <= tonumber(ARGV[9]) then
   if not fits_then then
     return redis.error_reply('sluice: n did not fit at their own turn')
   end
-  record(at)
-  keep_for(KEYS[1], wait + reset_then)
+  record(at, ttl(wait + reset_then))
   return {1, remaining_then, 0, wait + reset_then, wait, at}
 end
 return {0, remaining, wait, (start - now) + reset, 0, now}

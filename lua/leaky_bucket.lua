@@ -4,20 +4,23 @@
 -- The level is kept exactly as an integer in units of 1/period: one event is
 -- period units and the bucket loses limit units per µs.
 --
--- KEYS[1] -> hash {v = level × period, l = µs of the last call counted}
+-- KEYS[1] -> string "v l b": level × period, µs of the last call counted
+--            (0 with level 0: an empty bucket), µs until which the key is
+--            blocked (0: not)
+-- KEYS[2] -> unused (see lua.go)
 -- ARGV    -> now, limit, period, burst, windows (unused), n, ttl slack,
---            op, op argument (see lua.go and epilogue.lua)
+--            op, op argument, not before (see lua.go and epilogue.lua)
 
 local key = KEYS[1]
 local capacity, cost = burst * period, n * period
-local state = redis.call('HMGET', key, 'v', 'l')
-local stored, last = tonumber(state[1]), tonumber(state[2]) -- nil: an empty bucket
+local stored, last, blocked = 0, 0, 0
+local state = redis.call('GET', key)
+if state then stored, last, blocked = unpack_state(state) end
 
 -- leak returns the level at `at` and the instant it leaks from: later than
 -- `at` when a call was counted after it (a reservation, or a clock that
 -- stepped back), and then nothing leaks before that instant.
 local function leak(at)
-  if not stored then return 0, at end
   if at <= last then return stored, last end
   local elapsed = at - last
   if elapsed >= ceildiv(stored, limit) then return 0, at end
@@ -38,14 +41,20 @@ local function decide(at)
   return true, floordiv(capacity - level - cost, period), 0, ahead + ceildiv(level + cost, limit)
 end
 
-local function record(at)
+local function record(at, ttl)
   local level, from = leak(at)
-  redis.call('HSET', key, 'v', int(level + cost), 'l', int(from))
+  redis.call('SET', key, pack_state(level + cost, from, blocked), 'PX', ttl)
 end
 
 -- Room is made only while nothing was counted after the events given back:
 -- later calls were decided with them in, and the bucket may have run empty
 -- since, so making room then could let it overflow.
 local function give_back(at)
-  if stored and last == at then redis.call('HSET', key, 'v', int(math.max(0, stored - cost))) end
+  if state and last == at then
+    redis.call('SET', key, pack_state(math.max(0, stored - cost), last, blocked), 'KEEPTTL')
+  end
+end
+
+local function block(ttl)
+  redis.call('SET', key, pack_state(stored, last, blocked), 'PX', ttl)
 end

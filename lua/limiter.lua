@@ -1,10 +1,5 @@
--- Head of every rate-limit script: its arguments (see lua.go).
-
--- keep_for gives a key the TTL its state needs (reset µs, > 0) plus the
--- caller's slack (ARGV[7]): an injected clock need not run with Redis's.
-local function keep_for(key, reset)
-  redis.call('PEXPIRE', key, ceildiv(reset + tonumber(ARGV[7]), 1000))
-end
+-- Head of every rate-limit script: its arguments (see lua.go), and the
+-- packing of states kept as one string.
 
 local now = clock()
 local limit = tonumber(ARGV[2])
@@ -12,3 +7,17 @@ local period = tonumber(ARGV[3])
 local burst = tonumber(ARGV[4])
 local windows = tonumber(ARGV[5])
 local n = tonumber(ARGV[6])
+-- slack (µs) is added to every TTL: an injected clock need not run with
+-- Redis's.
+local slack = tonumber(ARGV[7])
+
+-- A state of three integers is one string "a b c", read with one GET and
+-- written with one SET ... PX: the fewest commands a call can make.
+local function unpack_state(s)
+  local a, b, c = string.match(s, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+  return tonumber(a), tonumber(b), tonumber(c)
+end
+
+local function pack_state(a, b, c)
+  return int(a) .. ' ' .. int(b) .. ' ' .. int(c)
+end

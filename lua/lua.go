@@ -8,7 +8,8 @@
 // script takes the same KEYS and ARGV, so one caller runs them all:
 //
 //	KEYS[1] the key's state
-//	KEYS[2] the key's block: µs until which nothing is counted (Block)
+//	KEYS[2] where sliding_log keeps the key's block (the others keep it in
+//	        their state); in the same cluster slot as KEYS[1]
 //	ARGV[1] now in µs since the Unix epoch, or "" to read Redis TIME
 //	ARGV[2] limit: events per period
 //	ARGV[3] period in µs

@@ -1,20 +1,26 @@
 -- sliding_counter: the events of the last `windows` sub-windows of
 -- period / windows each (the current one included) add up to at most limit.
 --
--- KEYS[1] -> hash: sub-window index (time µs // sub-window µs) -> events counted in it
+-- KEYS[1] -> hash: sub-window index (time µs // sub-window µs) -> events
+--            counted in it, and b -> µs until which the key is blocked
+-- KEYS[2] -> unused (see lua.go)
 -- ARGV    -> now, limit, period, burst (unused), windows, n, ttl slack,
---            op, op argument (see lua.go and epilogue.lua)
+--            op, op argument, not before (see lua.go and epilogue.lua)
 
 local key = KEYS[1]
 local sub = period / windows -- whole: the caller checks that windows divides period
 local fields = redis.call('HGETALL', key)
-local live, stale = {}, {}
+local live, stale, blocked = {}, {}, 0
 for i = 1, #fields, 2 do
-  local index = tonumber(fields[i])
-  if index <= floordiv(now, sub) - windows then
-    stale[#stale + 1] = fields[i]
+  if fields[i] == 'b' then
+    blocked = tonumber(fields[i + 1])
   else
-    live[#live + 1] = {index, tonumber(fields[i + 1])}
+    local index = tonumber(fields[i])
+    if index <= floordiv(now, sub) - windows then
+      stale[#stale + 1] = fields[i]
+    else
+      live[#live + 1] = {index, tonumber(fields[i + 1])}
+    end
   end
 end
 if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
@@ -45,11 +51,17 @@ local function decide(at)
   end
 end
 
-local function record(at)
+local function record(at, ttl)
   redis.call('HINCRBY', key, int(floordiv(at, sub)), n)
+  redis.call('PEXPIRE', key, ttl)
 end
 
 local function give_back(at)
   local field = int(floordiv(at, sub))
   if redis.call('HINCRBY', key, field, -n) <= 0 then redis.call('HDEL', key, field) end
+end
+
+local function block(ttl)
+  redis.call('HSET', key, 'b', int(blocked))
+  redis.call('PEXPIRE', key, ttl)
 end
