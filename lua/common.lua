@@ -1,34 +1,36 @@
 -- Common to every sluice script (lua.go puts it in front of each one).
+-- The scripts need Redis 6.0 or later (SET ... KEEPTTL; effects
+-- replication, the default since 5.0, lets them write after reading TIME).
 --
 -- All times are integer microseconds. A Unix time in µs is below 2^53, so
--- Lua's doubles hold it, and every product the scripts form exactly; numbers
--- are written back with int(), because Redis would otherwise format them with
--- %.14g and drop digits.
-
--- Redis 5 and 6 replicate scripts verbatim unless told otherwise, and a
--- verbatim script may not write after reading TIME. Redis 7 always
--- replicates effects and keeps this call as a no-op.
-if redis.replicate_commands then redis.replicate_commands() end
+-- Lua's doubles hold it, and every product the scripts form, exactly.
+-- Redis formats a number passed to redis.call exactly (%.17g), but Lua's
+-- own conversion to a string keeps 14 digits: a number that becomes part
+-- of a string goes through int().
 
 local function int(x)
   return string.format('%.0f', x)
 end
 
 -- floordiv and ceildiv divide non-negative integers exactly: a / b is
--- rounded, so the quotient is checked against the product and mended.
+-- rounded, so the remainder is checked and the quotient mended.
 local function floordiv(a, b)
   local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
+  local r = a - q * b
+  if r < 0 then return q - 1 end
+  if r >= b then return q + 1 end
   return q
 end
 
 local function ceildiv(a, b)
-  local q = floordiv(a, b)
-  if q * b < a then q = q + 1 end
+  local q = math.floor(a / b)
+  local r = a - q * b
+  if r < 0 then
+    q, r = q - 1, r + b
+  elseif r >= b then
+    q, r = q + 1, r - b
+  end
+  if r > 0 then return q + 1 end
   return q
 end
 

@@ -19,5 +19,5 @@ local function unpack_state(s)
 end
 
 local function pack_state(a, b, c)
-  return int(a) .. ' ' .. int(b) .. ' ' .. int(c)
+  return string.format('%d %d %d', a, b, c)
 end
