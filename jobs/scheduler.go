@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,14 @@ type Scheduler struct {
 	offset  atomic.Int64 // Redis's clock minus ours, ns
 	workers atomic.Int64 // live workers in the fleet, last seen
 	holding sync.Map     // queue -> *atomic.Int64: tasks waiting in this worker
+	blocked sync.Map     // quota -> time.Time (our clock): an upstream said not before then
 }
+
+// blockChannel carries "<quota> <µs>" to every worker when an upstream
+// said "not now": tasks that already hold a turn on the quota learn of it
+// before they call (new turns are kept out by the quota's own block).
+const blockChannel = "sluice:blocked"
+
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
 // asynqRedis is where the queues are (the same server, as asynq wants it).
@@ -140,6 +148,7 @@ var errWaitInRedis = errors.New("jobs: task must wait and could not be requeued"
 // offset of Redis's clock from ours, and the number of live workers (for
 // the local policy).
 func (s *Scheduler) Run(ctx context.Context) {
+	go s.listenForBlocks(ctx)
 	tick := time.NewTicker(10 * time.Second)
 	defer tick.Stop()
 	for {
@@ -153,6 +162,51 @@ func (s *Scheduler) Run(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// listenForBlocks keeps s.blocked up to date from blockChannel until ctx
+// ends; go-redis resubscribes by itself after a reconnect.
+func (s *Scheduler) listenForBlocks(ctx context.Context) {
+	sub := s.rdb.Subscribe(ctx, blockChannel)
+	defer sub.Close()
+	for {
+		msg, err := sub.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			time.Sleep(redisRetry)
+			continue
+		}
+		quota, us, ok := strings.Cut(msg.Payload, " ")
+		d, err := strconv.ParseInt(us, 10, 64)
+		if !ok || err != nil {
+			continue
+		}
+		s.block(quota, time.Now().Add(time.Duration(d)*time.Microsecond))
+	}
+}
+
+// block notes that quota may not be drawn on before until.
+func (s *Scheduler) block(quota string, until time.Time) {
+	for {
+		old, loaded := s.blocked.LoadOrStore(quota, until)
+		if !loaded || !until.After(old.(time.Time)) || s.blocked.CompareAndSwap(quota, old, until) {
+			return
+		}
+	}
+}
+
+// blockedUntil is the latest block on the task type's quotas that this
+// worker knows of, or the zero Time.
+func (s *Scheduler) blockedUntil(gs *gateSet, typ string) time.Time {
+	var until time.Time
+	for _, g := range gs.quotasOf(typ) {
+		if v, ok := s.blocked.Load(g.key); ok {
+			until = later(until, v.(time.Time))
+		}
+	}
+	return until
 }
 
 func (s *Scheduler) measureClock(ctx context.Context) {
@@ -194,6 +248,12 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 			s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 			return s.requeue(ctx, t, queue, b.ready.Add(-requeueLead), b.turns)
 		}
+	}
+	// A turn booked before an upstream said "not now" is not used until it
+	// allows again: the task books a new one then.
+	if until := s.blockedUntil(gs, t.Type()); time.Now().Before(until) {
+		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+		return s.requeue(ctx, t, queue, until, nil)
 	}
 	release, retryIn, err := s.takeSlots(ctx, gs, queue, t)
 	if err != nil {
@@ -307,8 +367,12 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue string,
 	}
 	for _, g := range gs.quotasOf(t.Type()) {
 		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
+		s.block(g.key, time.Now().Add(wait))
 		if err := g.remote.Block(ctx, g.key, wait); err != nil {
 			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)
+		}
+		if err := s.rdb.Publish(ctx, blockChannel, g.key+" "+strconv.FormatInt(wait.Microseconds(), 10)).Err(); err != nil {
+			s.log.Warn("cannot tell the fleet of a blocked quota", "quota", g.key, "err", err)
 		}
 	}
 	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", wait)

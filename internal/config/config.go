@@ -1,0 +1,338 @@
+// Package config turns config.yaml and SLUICE_* environment variables into
+// the plain structs the sluice commands run on: Load reads and checks a file,
+// Watch reloads it when it changes. viper reads the file and the environment
+// and mapstructure decodes the result into File; nothing outside this package
+// and cmd/* knows either of them.
+//
+//	f, err := config.Load("config.yaml")
+//	var problems *config.Problems
+//	if errors.As(err, &problems) {
+//		for _, p := range problems.Errs {
+//			fmt.Fprintln(os.Stderr, p) // "queues.emails.drain.limit: must be > 0, got 0"
+//		}
+//		os.Exit(2)
+//	}
+//
+// # Keys and names
+//
+// A key is its struct field's name in snake_case (MetricsAddr: metrics_addr).
+// viper folds keys to lower case, so keys are case-insensitive. Names of
+// queues, quotas and task types are map keys too, but asynq's names are
+// case-sensitive: a name must be written in lower case, and one that is not
+// ("queues.Emails") is a problem rather than a silent rename. Dots, dashes
+// and colons in names are kept (api.example.com, http:request): the key
+// delimiter given to viper is "::", not ".", so a name must not contain "::"
+// or end in ":".
+//
+// A key the structs do not have is a problem (worker.concurency: unknown key),
+// unless its value is empty (queue: {} or a bare "queue:"): viper drops such
+// keys before they can be seen.
+// Durations need a unit (500ms, 1s, 5m); a bare number is a problem. A list
+// may also be written as one comma-separated string, in the file as in the
+// environment: "h1:6379, h2:6379" is [h1:6379, h2:6379]. Load reports every
+// problem at once, each starting with its key; line numbers are not known
+// (viper hands over values, not positions), except for YAML syntax errors,
+// duplicate keys among them.
+//
+// # Environment
+//
+// A non-empty environment variable SLUICE_<KEY> overrides a key, where <KEY>
+// is the key path in capitals with every character other than a letter or a
+// digit turned into "_": SLUICE_REDIS_ADDR, SLUICE_WORKER_METRICS_ADDR,
+// SLUICE_GATEWAY_BAN_FOR, SLUICE_REDIS_CLUSTER=h1:6379,h2:6379. Every key of
+// redis, worker, http and gateway except gateway.limits is bound to its
+// variable, so a variable works whether or not the file sets the key; so is
+// every key of each queue, quota and task type the file names:
+// SLUICE_QUEUES_EMAILS_DRAIN_LIMIT, SLUICE_QUOTAS_EXAMPLE_API_LIMIT,
+// SLUICE_TASKS_HTTP_REQUEST_COST. A queue, quota or task type the file does
+// not name cannot be added from the environment. A variable that would set
+// two keys (queues "a-b" and "a_b" both give SLUICE_QUEUES_A_B_PRIORITY) is a
+// problem, not a guess. Empty variables and SLUICE_ variables that match no
+// key are ignored.
+//
+// # Watching
+//
+// Watch runs a small fsnotify loop of its own and calls Load (so viper) for
+// each change. It does not use viper's WatchConfig: that watcher cannot be
+// stopped (it runs until the file is removed), rereads on every write event,
+// mid-save included, and reloads one shared viper instance, where Load
+// builds a fresh one per read.
+package config
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// File is everything config.yaml says. Its Jobs part is spelled at the top
+// level of the file (worker, queues, quotas, tasks, http).
+type File struct {
+	Redis   Redis
+	Jobs    jobs.Config `config:",squash"`
+	Gateway Gateway
+}
+
+// Redis says how to reach Redis.
+type Redis struct {
+	Addr     string // host:port; required unless Cluster is set
+	Username string
+	Password string
+	DB       int      // database number; must be 0 with Cluster
+	TLS      bool     // connect with TLS, verifying the server's certificate
+	Cluster  []string // host:port of some Redis Cluster nodes; when set, Addr is ignored
+}
+
+// Gateway configures the HTTP intake (enqueue serve).
+type Gateway struct {
+	Listen         string   // host:port; default 127.0.0.1:8080
+	TrustedProxies []string // CIDRs whose X-Forwarded-For is believed
+	Limits         []GatewayLimit
+	Ban            Ban
+}
+
+// GatewayLimit is one rate limit on the HTTP intake.
+type GatewayLimit struct {
+	Name         string // unique among the limits; names it in metrics
+	Key          string // what is counted: global, client, ip or type (task type)
+	Algorithm    string // default token_bucket
+	Limit        int
+	Period       time.Duration
+	Burst        int
+	Windows      int
+	OnRedisError string // deny (default), allow or local
+}
+
+// Ban shuts out a client that keeps hitting the limits: After refusals
+// within Within ban it for For; a client banned again is banned longer, up
+// to Max.
+type Ban struct {
+	After  int // 0: no bans
+	Within time.Duration
+	For    time.Duration
+	Max    time.Duration // default For
+}
+
+// Problems is the error Load returns for a file or environment that is wrong:
+// one error per problem, each starting with its key as config.yaml spells it,
+// e.g. "queues.emails.drain.limit: must be > 0, got 0", and ending with the
+// variable that set it, if one did: "(from SLUICE_WORKER_CONCURRENCY)".
+type Problems struct {
+	Path string
+	Errs []error
+}
+
+func (p *Problems) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "config: %s has %d problem(s):", p.Path, len(p.Errs))
+	for _, err := range p.Errs {
+		b.WriteString("\n\t")
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (p *Problems) Unwrap() []error { return p.Errs }
+
+// Load reads the config file at path, applies the SLUICE_* environment and
+// the defaults, and validates the result. A missing or unreadable file is an
+// error naming the path; anything wrong with the content or the environment
+// is a *Problems listing every problem at once. On error the File is zero.
+func Load(path string) (File, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return File{}, fmt.Errorf("config: %w", err)
+	}
+	return load(path, data)
+}
+
+// Defaults returns f with every unset value at its default.
+func (f File) Defaults() File {
+	f.Jobs = f.Jobs.Defaults()
+	f.Gateway = f.Gateway.Defaults()
+	return f
+}
+
+// Validate returns one error per problem in f (after Defaults), each naming
+// its key as config.yaml spells it, in the order of the file's sections.
+func (f File) Validate() []error {
+	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), f.Gateway.Validate())
+}
+
+// Validate returns one error per problem in r, each naming its key.
+func (r Redis) Validate() []error {
+	var p problems
+	if len(r.Cluster) > 0 {
+		for i, addr := range r.Cluster {
+			p.check(fmt.Sprintf("redis.cluster[%d]", i), hostPort(addr))
+		}
+		if r.DB != 0 {
+			p.add("redis.db", "must be 0 with redis.cluster (a cluster has only database 0), got %d", r.DB)
+		}
+	} else if r.Addr == "" {
+		p.add("redis.addr", "must be set to host:port, like 127.0.0.1:6379 (or set redis.cluster)")
+	} else {
+		p.check("redis.addr", hostPort(r.Addr))
+	}
+	if r.DB < 0 {
+		p.add("redis.db", "must be >= 0, got %d", r.DB)
+	}
+	return p
+}
+
+// Client returns a Redis Cluster client when r.Cluster is set, else a client
+// of r.Addr. The caller closes it.
+func (r Redis) Client() redis.UniversalClient {
+	if len(r.Cluster) > 0 {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.tlsConfig(),
+		})
+	}
+	return redis.NewClient(&redis.Options{
+		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.tlsConfig(),
+	})
+}
+
+// AsynqOpt returns the asynq connection options for r: an
+// asynq.RedisClusterClientOpt when r.Cluster is set, else an
+// asynq.RedisClientOpt.
+func (r Redis) AsynqOpt() asynq.RedisConnOpt {
+	if len(r.Cluster) > 0 {
+		return asynq.RedisClusterClientOpt{
+			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.tlsConfig(),
+		}
+	}
+	return asynq.RedisClientOpt{
+		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.tlsConfig(),
+	}
+}
+
+// tlsConfig is nil without TLS. The server name is left empty: the TLS dialer
+// takes it from each node's address.
+func (r Redis) tlsConfig() *tls.Config {
+	if !r.TLS {
+		return nil
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12}
+}
+
+// Defaults returns g with every unset value at its default.
+func (g Gateway) Defaults() Gateway {
+	if g.Listen == "" {
+		g.Listen = "127.0.0.1:8080"
+	}
+	g.Limits = slices.Clone(g.Limits)
+	for i, l := range g.Limits {
+		if l.Algorithm == "" {
+			g.Limits[i].Algorithm = string(throttle.TokenBucket)
+		}
+		if l.OnRedisError == "" {
+			// Without Redis the intake cannot enqueue anyway.
+			g.Limits[i].OnRedisError = jobs.OnRedisErrorDeny
+		}
+	}
+	if g.Ban.Max == 0 {
+		g.Ban.Max = g.Ban.For
+	}
+	return g
+}
+
+// Validate returns one error per problem in g (after Defaults), each naming
+// its key.
+func (g Gateway) Validate() []error {
+	var p problems
+	p.check("gateway.listen", hostPort(g.Listen))
+	for i, cidr := range g.TrustedProxies {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			p.add(fmt.Sprintf("gateway.trusted_proxies[%d]", i), "must be a CIDR like 10.0.0.0/8 or 192.0.2.7/32, got %q", cidr)
+		}
+	}
+	named := map[string]int{}
+	for i, l := range g.Limits {
+		key := fmt.Sprintf("gateway.limits[%d]", i)
+		if j, dup := named[l.Name]; dup {
+			p.add(key+".name", "%q is already the name of gateway.limits[%d]; names must be unique", l.Name, j)
+		} else if l.Name == "" {
+			p.add(key+".name", "must be set: it names the limit in metrics")
+		} else {
+			named[l.Name] = i
+		}
+		switch l.Key {
+		case "global", "client", "ip", "type":
+		default:
+			p.add(key+".key", "must be global, client, ip or type, got %q", l.Key)
+		}
+		spec := throttle.Spec{Algorithm: throttle.Algorithm(l.Algorithm), Limit: l.Limit, Period: l.Period, Burst: l.Burst, Windows: l.Windows}
+		p = append(p, validateLimit(key, spec, l.OnRedisError)...)
+	}
+	b := g.Ban
+	if b.After < 0 {
+		p.add("gateway.ban.after", "must be >= 0 (0: no bans), got %d", b.After)
+	}
+	if b.After > 0 {
+		if b.Within <= 0 {
+			p.add("gateway.ban.within", "must be > 0 when gateway.ban.after is set, got %v", b.Within)
+		}
+		if b.For <= 0 {
+			p.add("gateway.ban.for", "must be > 0 when gateway.ban.after is set, got %v", b.For)
+		}
+		if b.Max < b.For {
+			p.add("gateway.ban.max", "must be >= gateway.ban.for (%v), got %v", b.For, b.Max)
+		}
+	}
+	return p
+}
+
+// validateLimit checks a limit the way jobs.Config.Validate checks its own.
+func validateLimit(key string, spec throttle.Spec, onRedisError string) []error {
+	var p problems
+	switch onRedisError {
+	case jobs.OnRedisErrorDeny, jobs.OnRedisErrorAllow, jobs.OnRedisErrorLocal:
+	default:
+		p.add(key+".on_redis_error", "must be deny, allow or local, got %q", onRedisError)
+	}
+	if _, err := throttle.NewLocal(spec); err != nil {
+		var bad *throttle.SpecError
+		if errors.As(err, &bad) {
+			p.add(key+"."+strings.ToLower(bad.Field), "%s", bad.Problem)
+		} else {
+			p.add(key, "%v", err)
+		}
+	}
+	return p
+}
+
+// hostPort checks that s is host:port with a numeric port.
+func hostPort(s string) error {
+	_, port, err := net.SplitHostPort(s)
+	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("must be host:port with a port from 1 to 65535, like 127.0.0.1:6379, got %q", s)
+	}
+	return nil
+}
+
+// problems collects errors that each start with a key.
+type problems []error
+
+func (p *problems) add(key, format string, args ...any) {
+	*p = append(*p, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+}
+
+func (p *problems) check(key string, err error) {
+	if err != nil {
+		p.add(key, "%v", err)
+	}
+}

@@ -1,0 +1,65 @@
+package test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestDrainAccuracy: one queue drains at 20/s (leaky bucket, burst 1)
+// however many workers consume it. 400 http:request tasks from a plain
+// asynq.Client, half with MaxRetry 0, against a local server that notes
+// every request: the rate within 2% of 20/s, no second with more than 21,
+// every task done once, none archived or failed, at most 1.2 limiter calls
+// per task.
+func TestDrainAccuracy(t *testing.T) {
+	for _, workers := range []int{1, 3, 8} {
+		t.Run(fmt.Sprintf("%d workers", workers), func(t *testing.T) {
+			const tasks = 400
+			u := newUpstream(t)
+			queue := queueName(t, "drain")
+			config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s}
+worker: {concurrency: 10}
+queues:
+  %s: {drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1}}
+http: {allow: [127.0.0.1]}
+`, redisAddr(t), queue))
+			var fleet []*worker
+			for i := 0; i < workers; i++ {
+				fleet = append(fleet, startWorker(t, config))
+			}
+			enqueueRequests(t, u, queue, "drain", tasks)
+			waitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
+			time.Sleep(500 * time.Millisecond) // let any duplicate show itself
+
+			arrivals := u.arrivals()
+			rate := float64(len(arrivals)-1) / arrivals[len(arrivals)-1].Sub(arrivals[0]).Seconds()
+			most := maxInWindow(arrivals, time.Second)
+			var evaluations, done float64
+			for _, w := range fleet {
+				evaluations += w.counter(t, "sluice_gate_evaluations_total")
+				done += w.counter(t, "sluice_tasks_processed_total", `result="ok"`)
+			}
+			t.Logf("%d workers: %d requests, %.3f/s, at most %d in a second, %.3f limiter calls per task",
+				workers, len(arrivals), rate, most, evaluations/tasks)
+			if len(arrivals) != tasks || u.distinct() != tasks {
+				t.Errorf("%d requests for %d distinct tasks, want %d of %d: tasks lost or run twice", len(arrivals), u.distinct(), tasks, tasks)
+			}
+			if rate < 19.6 || rate > 20.4 {
+				t.Errorf("drained at %.3f/s, want 20/s within 2%%", rate)
+			}
+			if most > 21 {
+				t.Errorf("%d requests within one second, want at most 21", most)
+			}
+			if per := evaluations / tasks; per > 1.2 {
+				t.Errorf("%.3f limiter calls per task, want at most 1.2", per)
+			}
+			info := queueState(t, queue)
+			if info.Archived != 0 || info.Retry != 0 || info.Failed != 0 || info.Pending != 0 || info.Scheduled != 0 || info.Active != 0 {
+				t.Errorf("queue after the run: archived %d, retry %d, failed today %d, pending %d, scheduled %d, active %d; want all 0",
+					info.Archived, info.Retry, info.Failed, info.Pending, info.Scheduled, info.Active)
+			}
+		})
+	}
+}

@@ -1,0 +1,288 @@
+// Package test holds sluice's end-to-end tests: real worker processes, built
+// from cmd/worker, against the real redis-server that `make test` starts,
+// with a local HTTP server standing in for a third-party API.
+package test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// bin holds the binaries TestMain builds.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sluice-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = dir
+	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/...")
+	build.Stdout, build.Stderr = os.Stdout, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the commands:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// worker is one running worker process.
+type worker struct {
+	cmd     *exec.Cmd
+	metrics string // host:port of its metrics server
+	log     string // path of its log file
+}
+
+// writeConfig writes a config file for the test and returns its path.
+func writeConfig(t *testing.T, yaml string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startWorker starts a worker on the config file and waits until its
+// metrics server answers. It is stopped (SIGTERM) when the test ends.
+func startWorker(t *testing.T, config string, env ...string) *worker {
+	t.Helper()
+	w := &worker{metrics: freeAddr(t), log: filepath.Join(t.TempDir(), "worker.log")}
+	logFile, err := os.Create(w.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cmd = exec.Command(filepath.Join(bin, "worker"), "--config", config)
+	w.cmd.Env = append(os.Environ(), append([]string{"SLUICE_WORKER_METRICS_ADDR=" + w.metrics}, env...)...)
+	w.cmd.Stdout, w.cmd.Stderr = logFile, logFile
+	if err := w.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		w.cmd.Wait()
+		logFile.Close()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		w.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			w.cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(w.log)
+			t.Logf("worker %s log:\n%s", w.metrics, tail(string(b), 40))
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + w.metrics + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			return w
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(w.log)
+			t.Fatalf("worker exited at start: %s", b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker did not come up: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func tail(s string, lines int) string {
+	all := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
+}
+
+// counter sums the samples of a counter in a worker's metrics whose labels
+// contain every one of match (e.g. `gate="drain:q"`).
+func (w *worker) counter(t *testing.T, name string, match ...string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + w.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		ok := true
+		for _, m := range match {
+			ok = ok && strings.Contains(line, m)
+		}
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// upstream is a local HTTP server standing in for a third-party API: it
+// notes the time of every request, and answers with what respond says.
+type upstream struct {
+	*httptest.Server
+	mu      sync.Mutex
+	seen    map[string][]time.Time // path -> arrivals
+	respond func(n int) (status int, retryAfter string)
+	n       int
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{seen: map[string][]time.Time{}}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		u.mu.Lock()
+		u.n++
+		n := u.n
+		u.seen[r.URL.Path] = append(u.seen[r.URL.Path], now)
+		respond := u.respond
+		u.mu.Unlock()
+		if respond != nil {
+			if status, retryAfter := respond(n); status != http.StatusOK {
+				if retryAfter != "" {
+					w.Header().Set("Retry-After", retryAfter)
+				}
+				w.WriteHeader(status)
+				return
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// arrivals returns every request's arrival time, sorted.
+func (u *upstream) arrivals() []time.Time {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var all []time.Time
+	for _, ts := range u.seen {
+		all = append(all, ts...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
+	return all
+}
+
+// distinct is how many different paths were requested.
+func (u *upstream) distinct() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.seen)
+}
+
+// enqueueRequests enqueues n http:request tasks into queue with a plain
+// asynq.Client, each calling u at its own path; every other one has
+// MaxRetry 0, which the asynq wiki's throttling pattern would archive.
+func enqueueRequests(t *testing.T, u *upstream, queue, prefix string, n int) {
+	t.Helper()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i := 0; i < n; i++ {
+		task, err := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/%s/%d", u.URL, prefix, i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := []asynq.Option{asynq.Queue(queue)}
+		if i%2 == 0 {
+			opts = append(opts, asynq.MaxRetry(0))
+		}
+		if _, err := client.Enqueue(task, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitFor polls done until it holds or d has passed.
+func waitFor(t *testing.T, d time.Duration, what string, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// queueName is a queue of the test's own, so that tests sharing the Redis
+// server never see each other's tasks.
+func queueName(t *testing.T, suffix string) string {
+	p := strings.TrimSuffix(redistest.Prefix(t), ":")
+	return strings.ToLower(strings.NewReplacer("/", "-", ":", "-", "test-", "").Replace(p)) + "-" + suffix
+}
+
+// queueState returns asynq's view of a queue.
+func queueState(t *testing.T, queue string) *asynq.QueueInfo {
+	t.Helper()
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	info, err := inspector.GetQueueInfo(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// maxInWindow is the most of the sorted times that fall in any window of
+// length d.
+func maxInWindow(times []time.Time, d time.Duration) int {
+	most, first := 0, 0
+	for last := range times {
+		for times[last].Sub(times[first]) >= d {
+			first++
+		}
+		most = max(most, last-first+1)
+	}
+	return most
+}
+
+
+func redisAddr(t *testing.T) string { return redistest.Addr(t) }
