@@ -88,6 +88,20 @@ func Reserve(s State, p Params, now, blocked, notBefore, n, maxWait int64) Resul
 	return r
 }
 
+// Peek returns how many events fit at now, changing nothing but what has
+// expired: the Go twin of the scripts' "peek" operation (with n = 1).
+func Peek(s State, p Params, now, blocked int64) int64 {
+	s.Trim(p, now)
+	if blocked > now {
+		return 0
+	}
+	r := s.Decide(p, now, 1)
+	if r.Allowed {
+		return r.Remaining + 1
+	}
+	return r.Remaining
+}
+
 // Cancel gives back n events reserved at `at`: the Go twin of the scripts'
 // "cancel" operation.
 func Cancel(s State, p Params, now, at, n int64) {

@@ -60,6 +60,13 @@ func (s *Script) Cancel(ctx context.Context, rdb redis.Scripter, c Call, at int6
 	return err
 }
 
+// Peek runs the script's "peek" operation (with n = 1): the twin of Peek.
+func (s *Script) Peek(ctx context.Context, rdb redis.Scripter, c Call) (int64, error) {
+	c.N = 1
+	r, err := s.run(ctx, rdb, c, "peek", 0, 0)
+	return r.Remaining, err
+}
+
 // Block runs the script's "block" operation for d µs and returns the µs
 // until which the key is blocked.
 func (s *Script) Block(ctx context.Context, rdb redis.Scripter, c Call, d int64) (int64, error) {

@@ -61,6 +61,7 @@ type Scheduler struct {
 	workers atomic.Int64 // live workers in the fleet, last seen
 	holding sync.Map     // queue -> *atomic.Int64: tasks waiting in this worker
 	blocked sync.Map     // quota -> time.Time (our clock): an upstream said not before then
+	done    rateCounter  // completions not yet added to the fleet's rate buckets
 }
 
 // blockChannel carries "<quota> <µs>" to every worker when an upstream
@@ -145,19 +146,26 @@ func (s *Scheduler) AsynqConfig() asynq.Config {
 var errWaitInRedis = errors.New("jobs: task must wait and could not be requeued")
 
 // Run keeps the Scheduler's view of the fleet fresh until ctx ends: the
-// offset of Redis's clock from ours, and the number of live workers (for
-// the local policy).
+// offset of Redis's clock from ours, the number of live workers (for the
+// local policy), the quotas an upstream blocked; and adds this worker's
+// completions to the queues' rates (RecentRate).
 func (s *Scheduler) Run(ctx context.Context) {
 	go s.listenForBlocks(ctx)
-	tick := time.NewTicker(10 * time.Second)
+	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
-	for {
-		s.measureClock(ctx)
-		if servers, err := s.inspector.Servers(); err == nil && len(servers) > 0 {
-			s.workers.Store(int64(len(servers)))
+	for i := 0; ; i++ {
+		if i%2 == 0 {
+			s.measureClock(ctx)
+			if servers, err := s.inspector.Servers(); err == nil && len(servers) > 0 {
+				s.workers.Store(int64(len(servers)))
+			}
+		}
+		if err := s.done.flush(ctx, s.rdb); err != nil && ctx.Err() == nil {
+			s.log.Warn("cannot record the queues' rates", "err", err)
 		}
 		select {
 		case <-ctx.Done():
+			s.done.flush(context.WithoutCancel(ctx), s.rdb)
 			return
 		case <-tick.C:
 		}
@@ -270,6 +278,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		result = "error"
 	}
 	s.metrics.completed.WithLabelValues(queue, gs.typeLabel(t.Type()), result).Inc()
+	s.done.add(queue)
 	var busy *UpstreamBusyError
 	if errors.As(err, &busy) {
 		return s.upstreamBusy(ctx, gs, queue, t, busy)

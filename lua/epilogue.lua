@@ -14,6 +14,7 @@
 --             away: the caller acts then, and later callers see them counted
 --   'cancel'  give back n events reserved at ARGV[9]
 --   'block'   count nothing for ARGV[9] µs from now (a longer block stays)
+--   'peek'    how many events fit now (remaining), counting nothing
 -- Reply: {allowed (1|0), remaining, retry_after, reset_after, delay, at}:
 -- all µs; delay is how long after now the events were counted (at).
 
@@ -42,6 +43,15 @@ end
 -- start: the earliest instant the events may be counted at.
 local start = math.max(now, blocked, tonumber(ARGV[10]))
 local fits, remaining, retry, reset = decide(start)
+if op == 'peek' then
+  -- decide's remaining is what is left after the n events when they fit.
+  if start > now then
+    remaining = 0
+  elseif fits then
+    remaining = remaining + n
+  end
+  return {0, remaining, 0, 0, 0, now}
+end
 if fits and start == now then
   record(now, ttl(reset))
   return {1, remaining, 0, reset, 0, now}

@@ -50,7 +50,7 @@ func flushScripts(ctx context.Context, rdb redis.UniversalClient) error {
 
 // TestRedisMatchesLocal runs seeded random timelines through a Redis engine
 // and the local engine side by side: every decision and reservation must be
-// the same. The timelines mix AllowN, ReserveAfter, Cancel and Block on several keys,
+// the same. The timelines mix AllowN, ReserveAfter, Cancel, Block and Peek on several keys,
 // with costs up to the capacity, instants that repeat, and a clock that
 // sometimes steps back. Every 50 calls the Redis script cache is flushed,
 // which must cost no decision. The events admitted, reserved and not
@@ -139,6 +139,16 @@ func TestRedisMatchesLocal(t *testing.T) {
 								reserved[key] = append(reserved[key], got[0])
 							} else if got[0].Delay <= maxWait {
 								fail(i, "reservation refused with Delay %v <= maxWait %v", got[0].Delay, maxWait)
+							}
+						case op == 9 && rng.IntN(4) == 1:
+							var got [2]int
+							for j, lim := range engines {
+								if got[j], err = lim.Peek(ctx, key); err != nil {
+									fail(i, "Peek: %v", err)
+								}
+							}
+							if got[0] != got[1] {
+								fail(i, "Peek(%q): local %d, redis %d", key, got[0], got[1])
 							}
 						case op == 9 && rng.IntN(4) == 0:
 							d := time.Duration(rng.Int64N(int64(spec.Period)))

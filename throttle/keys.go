@@ -9,6 +9,12 @@ import (
 // maxTagLen bounds the caller's part of a key; longer ones are hashed.
 const maxTagLen = 128
 
+// Key returns the Redis key that holds state for key under prefix, the way
+// every limiter of this package builds its keys: callers that keep state of
+// their own next to a limiter's use it, so that caller input never lands
+// raw in a key or its hash tag. The prefix may not contain '{' or '}'.
+func Key(prefix, key string) string { return redisKey(prefix, key) }
+
 // redisKey is the one place where a caller's key becomes a Redis key:
 // prefix + "{" + tag + "}". The tag is the caller's key with every byte that
 // could end or open a hash tag, '%' itself, '#', and every byte outside

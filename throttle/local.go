@@ -130,6 +130,16 @@ func (l *localLimiter) Cancel(ctx context.Context, key string, r Reservation) er
 	return nil
 }
 
+// Peek implements Reserver.
+func (l *localLimiter) Peek(ctx context.Context, key string) (int, error) {
+	now := l.clock.Now().UnixMicro()
+	shard := l.shard(key)
+	shard.mu.Lock()
+	defer shard.mu.Unlock()
+	e := shard.entry(key, l.algorithm)
+	return int(algorithms.Peek(e.state, l.params, now, e.blocked)), nil
+}
+
 // Block implements Reserver.
 func (l *localLimiter) Block(ctx context.Context, key string, d time.Duration) error {
 	if d <= 0 {

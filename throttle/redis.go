@@ -87,6 +87,15 @@ func (l *redisLimiter) ReserveAfter(ctx context.Context, key string, n int, notB
 	return reservation(r, n), nil
 }
 
+// Peek implements Reserver.
+func (l *redisLimiter) Peek(ctx context.Context, key string) (int, error) {
+	remaining, err := l.algorithm.Script.Peek(ctx, l.rdb, l.call(key, 1))
+	if err != nil {
+		return 0, l.fail(err)
+	}
+	return int(remaining), nil
+}
+
 // Block implements Reserver.
 func (l *redisLimiter) Block(ctx context.Context, key string, d time.Duration) error {
 	if d <= 0 {

@@ -34,6 +34,9 @@ type Reserver interface {
 	// A longer block already in place stays. For an upstream that answered
 	// "429 Too Many Requests, Retry-After: d".
 	Block(ctx context.Context, key string, d time.Duration) error
+	// Peek returns how many events key could admit now, counting nothing:
+	// a bucket's level, a window's room.
+	Peek(ctx context.Context, key string) (int, error)
 }
 
 // Reservation is the answer to ReserveN.

@@ -1,0 +1,74 @@
+package jobs
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// Each worker adds the tasks it completed to per-queue buckets of
+// rateBucket in Redis, so that anyone (enqueue status) can read a queue's
+// fleet-wide rate over the last minute.
+const (
+	rateBucket  = 10 * time.Second
+	rateBuckets = 6 // a minute
+	ratePrefix  = "sluice:rate:"
+)
+
+func rateKey(queue string, bucket int64) string {
+	return throttle.Key(ratePrefix, queue) + ":" + strconv.FormatInt(bucket, 10)
+}
+
+// rateCounter counts completions per queue in this worker between flushes.
+type rateCounter struct {
+	mu     sync.Mutex
+	counts map[string]int64
+}
+
+func (r *rateCounter) add(queue string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.counts == nil {
+		r.counts = map[string]int64{}
+	}
+	r.counts[queue]++
+}
+
+// flush adds the counts to the current bucket of each queue.
+func (r *rateCounter) flush(ctx context.Context, rdb redis.UniversalClient) error {
+	r.mu.Lock()
+	counts := r.counts
+	r.counts = nil
+	r.mu.Unlock()
+	bucket := time.Now().Unix() / int64(rateBucket/time.Second)
+	for queue, n := range counts {
+		key := rateKey(queue, bucket)
+		pipe := rdb.Pipeline()
+		pipe.IncrBy(ctx, key, n)
+		pipe.Expire(ctx, key, 2*rateBuckets*rateBucket)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RecentRate returns the tasks per second the fleet completed in queue over
+// the last minute (the six whole buckets before the current one).
+func RecentRate(ctx context.Context, rdb redis.UniversalClient, queue string) (float64, error) {
+	current := time.Now().Unix() / int64(rateBucket/time.Second)
+	total := 0.0
+	for b := current - rateBuckets; b < current; b++ {
+		n, err := rdb.Get(ctx, rateKey(queue, b)).Float64()
+		if err != nil && err != redis.Nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total / (rateBuckets * rateBucket).Seconds(), nil
+}
