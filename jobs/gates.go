@@ -305,3 +305,24 @@ func later(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// Levels returns, for every gate of cfg ("drain:<queue>", "quota:<name>"),
+// how many events it could admit now: a bucket's level, a window's room.
+// It counts nothing.
+func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[string]int, error) {
+	gs, err := newGateSet(rdb, cfg.Defaults())
+	if err != nil {
+		return nil, err
+	}
+	levels := map[string]int{}
+	for _, gates := range []map[string]*gate{gs.drains, gs.quotas} {
+		for _, g := range gates {
+			n, err := g.remote.Peek(ctx, g.key)
+			if err != nil {
+				return nil, err
+			}
+			levels[g.name] = n
+		}
+	}
+	return levels, nil
+}
