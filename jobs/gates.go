@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"sync"
 	"time"
@@ -26,7 +27,8 @@ type gateSet struct {
 
 // gate is one rate limit on Redis, with its failure policy.
 type gate struct {
-	name   string // metric label and turn tag: "drain:<queue>" or "quota:<name>"
+	name   string // metric label: "drain:<queue>" or "quota:<name>"
+	tag    string // what a task's turns are kept under: name@version
 	key    string // the limiter key: the queue or quota name
 	limit  LimitConfig
 	remote throttle.Reserver
@@ -40,12 +42,18 @@ func newGateSet(rdb redis.UniversalClient, cfg Config) (*gateSet, error) {
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{}}
 	newGate := func(kind, name string, l LimitConfig) (*gate, error) {
-		lim, err := throttle.New(rdb, l.Spec(), throttle.WithPrefix("sluice:"+kind+":"+l.Algorithm+":"))
+		// A changed limit starts from a fresh state under a new version: the
+		// old state holds turns booked at the old rate, which would keep the
+		// queue at that rate until they are all used. Turns booked under an
+		// old version are booked again.
+		spec := l.Spec()
+		version := specVersion(spec)
+		lim, err := throttle.New(rdb, spec, throttle.WithPrefix("sluice:"+kind+":"+version+":"))
 		if err != nil {
 			return nil, fmt.Errorf("jobs: %s %q: %w", kind, name, err)
 		}
 		remote, _ := throttle.AsReserver(lim)
-		return &gate{name: kind + ":" + name, key: name, limit: l, remote: remote}, nil
+		return &gate{name: kind + ":" + name, tag: kind + ":" + name + "@" + version, key: name, limit: l, remote: remote}, nil
 	}
 	newSem := func(limit int) (*throttle.Semaphore, error) {
 		return throttle.NewSemaphore(rdb, limit, slotLease, throttle.WithPrefix("sluice:concurrency:"))
@@ -86,6 +94,13 @@ func newGateSet(rdb redis.UniversalClient, cfg Config) (*gateSet, error) {
 }
 
 // cost is what one task of type typ draws from each of its gates.
+// specVersion names a spec's state: the same spec, the same version.
+func specVersion(spec throttle.Spec) string {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s %d %d %d %d", spec.Algorithm, spec.Limit, spec.Period, spec.Burst, spec.Windows)
+	return fmt.Sprintf("%s-%08x", spec.Algorithm, h.Sum32())
+}
+
 func (gs *gateSet) cost(typ string) int {
 	if t, ok := gs.cfg.Tasks[typ]; ok {
 		return t.Cost
@@ -171,7 +186,7 @@ func (s *Scheduler) tryBook(ctx context.Context, gs *gateSet, gates []*gate, hel
 	var b booking
 	var target time.Time // on Redis's clock: the instant every turn must be at
 	for _, g := range gates {
-		if h, ok := held[g.name]; ok {
+		if h, ok := held[g.tag]; ok {
 			s.metrics.decisions.WithLabelValues(g.name, "held").Inc()
 			b.turns = append(b.turns, h)
 			target = later(target, h.at())
@@ -192,7 +207,7 @@ func (s *Scheduler) tryBook(ctx context.Context, gs *gateSet, gates []*gate, hel
 	for round := 0; round < 3; round++ {
 		moved := false
 		for _, g := range gates {
-			if _, ok := held[g.name]; ok {
+			if _, ok := held[g.tag]; ok {
 				continue
 			}
 			if tn, ok := booked[g]; ok && (!tn.remote || !tn.res.At.Before(target)) {
@@ -229,7 +244,7 @@ func (s *Scheduler) tryBook(ctx context.Context, gs *gateSet, gates []*gate, hel
 		s.metrics.decisions.WithLabelValues(g.name, result).Inc()
 		b.ready = later(b.ready, tn.ready)
 		if tn.remote {
-			b.turns = append(b.turns, heldTurn{Gate: g.name, At: tn.res.At.UnixMicro(), N: cost})
+			b.turns = append(b.turns, heldTurn{Gate: g.tag, At: tn.res.At.UnixMicro(), N: cost})
 		}
 	}
 	sort.Slice(b.turns, func(i, j int) bool { return b.turns[i].Gate < b.turns[j].Gate })

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,8 +110,63 @@ func (s *Scheduler) Apply(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	s.gates.Store(gs)
+	if old := s.gates.Swap(gs); old != nil {
+		if stale := changedTags(old, gs); len(stale) > 0 {
+			go s.rebook(context.Background(), gs, stale)
+		}
+	}
 	return nil
+}
+
+// changedTags lists the turn tags of old's gates whose limit changed in gs.
+func changedTags(old, gs *gateSet) []string {
+	var stale []string
+	for _, pair := range [][2]map[string]*gate{{old.drains, gs.drains}, {old.quotas, gs.quotas}} {
+		for name, g := range pair[0] {
+			if now, ok := pair[1][name]; !ok || now.tag != g.tag {
+				stale = append(stale, g.tag)
+			}
+		}
+	}
+	return stale
+}
+
+// rebook brings forward the tasks waiting in Redis for turns booked under
+// a limit that has changed: they were scheduled at the old rate. Back in a
+// worker, they book new turns at the new rate. One worker of the fleet does
+// it for each change.
+func (s *Scheduler) rebook(ctx context.Context, gs *gateSet, stale []string) {
+	claim := throttle.Key("sluice:rebook:", strings.Join(stale, ","))
+	if ok, err := s.rdb.SetNX(ctx, claim, s.worker, time.Minute).Result(); err != nil || !ok {
+		return
+	}
+	moved := 0
+	for queue := range gs.cfg.Queues {
+		// List first, then move: moving while paging would shift the pages.
+		var ids []string
+		for page := 1; ; page++ {
+			tasks, err := s.inspector.ListScheduledTasks(queue, asynq.PageSize(500), asynq.Page(page))
+			if err != nil {
+				s.log.Warn("cannot bring forward tasks booked at an old rate", "queue", queue, "err", err)
+				break
+			}
+			for _, t := range tasks {
+				turns := readTurns(t.Headers)
+				if slices.ContainsFunc(stale, func(tag string) bool { _, ok := turns[tag]; return ok }) {
+					ids = append(ids, t.ID)
+				}
+			}
+			if len(tasks) < 500 {
+				break
+			}
+		}
+		for _, id := range ids {
+			if s.inspector.RunTask(queue, id) == nil {
+				moved++
+			}
+		}
+	}
+	s.log.Info("limits changed: tasks booked at the old rate book again", "gates", stale, "tasks", moved)
 }
 
 // AsynqConfig returns the asynq.Server config that the gates need: queues

@@ -14,8 +14,8 @@ const (
 	headerHop    = "sluice-hop"    // how many times it went back to Redis
 )
 
-// heldTurn is a turn booked by one gate: n events counted at At (µs on the
-// limiter's clock, Redis's).
+// heldTurn is a turn booked by one gate (its tag: name@version of its
+// limit): n events counted at At (µs on the limiter's clock, Redis's).
 type heldTurn struct {
 	Gate string `json:"gate"`
 	At   int64  `json:"at"`

@@ -1,0 +1,205 @@
+package test
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// within is the measurement tolerance of request arrival times at the
+// local server: the limiter counts a call at its turn, the server sees it
+// a little later, by a varying few hundred µs.
+const within = 10 * time.Millisecond
+
+// TestSharedQuota: tasks of three queues, consumed by three workers, share
+// one quota of 10/s with burst 5. In no interval of length T may the
+// server see more than 5 + 10*T requests, and while work waited the quota
+// must have been used at 95% or more.
+func TestSharedQuota(t *testing.T) {
+	const perQueue = 50
+	u := newUpstream(t)
+	quota := queueName(t, "api")
+	queues := []string{queueName(t, "a"), queueName(t, "b"), queueName(t, "c")}
+	config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s}
+queues: {%s: {}, %s: {}, %s: {}}
+quotas:
+  %s: {algorithm: token_bucket, limit: 10, period: 1s, burst: 5}
+tasks:
+  http:request: {quotas: [%s]}
+http: {allow: [127.0.0.1]}
+`, redisAddr(t), queues[0], queues[1], queues[2], quota, quota))
+	for range 3 {
+		startWorker(t, config)
+	}
+	for _, q := range queues {
+		enqueueRequests(t, u, q, q, perQueue)
+	}
+	total := 3 * perQueue
+	waitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= total })
+	time.Sleep(300 * time.Millisecond)
+
+	arrivals := u.arrivals()
+	if len(arrivals) != total || u.distinct() != total {
+		t.Fatalf("%d requests for %d distinct tasks, want %d", len(arrivals), u.distinct(), total)
+	}
+	worst := 0.0 // the most requests over the allowance in any interval
+	for i := range arrivals {
+		for j := i; j < len(arrivals); j++ {
+			span := arrivals[j].Sub(arrivals[i]) + within
+			over := float64(j-i+1) - (5 + 10*span.Seconds())
+			worst = max(worst, over)
+		}
+	}
+	if worst > 0 {
+		t.Errorf("some interval saw %.2f requests over 5 + 10*T (T measured with %v tolerance)", worst, within)
+	}
+	span := arrivals[len(arrivals)-1].Sub(arrivals[0])
+	used := float64(len(arrivals)) / (5 + 10*span.Seconds())
+	t.Logf("%d requests in %v: %.1f%% of the quota used", len(arrivals), span.Round(time.Millisecond), 100*used)
+	if used < 0.95 {
+		t.Errorf("quota used at %.1f%% while work waited, want at least 95%%", 100*used)
+	}
+}
+
+// TestUpstreamRetryAfter: the API answers one request 429 with Retry-After:
+// 2; no worker may call it during the 2 s after that answer, and every task
+// still runs.
+func TestUpstreamRetryAfter(t *testing.T) {
+	const tasks = 40
+	u := newUpstream(t)
+	u.respond = func(n int) (int, string) {
+		if n == 8 {
+			return http.StatusTooManyRequests, "2"
+		}
+		return http.StatusOK, ""
+	}
+	quota := queueName(t, "api")
+	queue := queueName(t, "q")
+	config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s}
+queues: {%s: {}}
+quotas:
+  %s: {limit: 10, period: 1s, burst: 5}
+tasks:
+  http:request: {quotas: [%s]}
+http: {allow: [127.0.0.1]}
+`, redisAddr(t), queue, quota, quota))
+	for range 2 {
+		startWorker(t, config)
+	}
+	enqueueRequests(t, u, queue, "r", tasks)
+	// One more request than tasks: the one answered 429 runs again.
+	waitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks+1 })
+	arrivals := u.arrivals()
+	if u.distinct() != tasks {
+		t.Fatalf("%d distinct tasks reached the API, want %d", u.distinct(), tasks)
+	}
+	refused := arrivals[7]
+	for _, at := range arrivals[8:] {
+		if gap := at.Sub(refused); gap > within && gap < 2*time.Second {
+			t.Fatalf("a request %v after the 429 with Retry-After: 2", gap.Round(time.Millisecond))
+		}
+	}
+	if next := arrivals[8].Sub(refused); next > 2*time.Second+500*time.Millisecond {
+		t.Errorf("the API was left alone for %v after Retry-After: 2; the quota was idle too long", next)
+	}
+}
+
+// TestLiveReload: a change to the drain rate in the config file takes
+// effect within 2 s without a restart or a lost task; a bad change is
+// refused, logged, and the last good config stays.
+func TestLiveReload(t *testing.T) {
+	const tasks = 100
+	u := newUpstream(t)
+	queue := queueName(t, "q")
+	config := func(rate string) string {
+		return fmt.Sprintf(`
+redis: {addr: %s}
+queues:
+  %s: {drain: {limit: %s, period: 1s, burst: 1}}
+http: {allow: [127.0.0.1]}
+`, redisAddr(t), queue, rate)
+	}
+	path := writeConfig(t, config("5"))
+	w := startWorker(t, path)
+	enqueueRequests(t, u, queue, "r", tasks)
+	time.Sleep(2 * time.Second)
+	replace(t, path, config("-3")) // refused
+	time.Sleep(1500 * time.Millisecond)
+	changed := time.Now()
+	replace(t, path, config("25"))
+	waitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
+	time.Sleep(300 * time.Millisecond)
+
+	arrivals := u.arrivals()
+	if len(arrivals) != tasks || u.distinct() != tasks {
+		t.Fatalf("%d requests for %d distinct tasks, want %d", len(arrivals), u.distinct(), tasks)
+	}
+	var before, after []time.Time
+	for _, at := range arrivals {
+		switch {
+		case at.Before(changed):
+			before = append(before, at)
+		case at.After(changed.Add(2 * time.Second)):
+			after = append(after, at)
+		}
+	}
+	rate := func(ts []time.Time) float64 { return float64(len(ts)-1) / ts[len(ts)-1].Sub(ts[0]).Seconds() }
+	t.Logf("%.2f/s before the change, %.2f/s from 2 s after it", rate(before), rate(after))
+	if r := rate(before); r < 4.5 || r > 5.5 {
+		t.Errorf("rate before the change %.2f/s, want 5/s (the refused change must not apply)", r)
+	}
+	if r := rate(after); r < 23.5 || r > 26.5 {
+		t.Errorf("rate from 2 s after the change %.2f/s, want 25/s", r)
+	}
+	log, _ := os.ReadFile(w.log)
+	if !strings.Contains(string(log), "limit") || !strings.Contains(string(log), "refused") {
+		t.Errorf("the worker did not log the refused change:\n%s", tail(string(log), 20))
+	}
+}
+
+// replace writes a file the way editors save: a new file renamed over it.
+func replace(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBadConfig: a bad config stops the worker at start with exit code 2
+// and one line per problem, naming its key.
+func TestBadConfig(t *testing.T) {
+	path := writeConfig(t, `
+redis: {addr: 127.0.0.1:1}
+worker: {concurency: 10}
+queues:
+  emails: {drain: {algorithm: leaky, limit: 0, period: 1s}}
+  reports: {drain: {limit: -5, period: 1s}}
+tasks:
+  http:request: {quotas: [nope]}
+`)
+	cmd := exec.Command(filepath.Join(bin, "worker"), "--config", path)
+	out, err := cmd.CombinedOutput()
+	exit, ok := err.(*exec.ExitError)
+	if !ok || exit.ExitCode() != 2 {
+		t.Fatalf("worker with a bad config: %v, want exit code 2\n%s", err, out)
+	}
+	for _, key := range []string{"worker.concurency", "queues.emails.drain.algorithm", "queues.reports.drain.limit", "tasks.http:request.quotas"} {
+		if !strings.Contains(string(out), key) {
+			t.Errorf("no problem names %s:\n%s", key, out)
+		}
+	}
+	if lines := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; lines < 4 {
+		t.Errorf("%d lines for 4 or more problems:\n%s", lines, out)
+	}
+}
