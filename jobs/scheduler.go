@@ -187,9 +187,13 @@ func (s *Scheduler) AsynqConfig() asynq.Config {
 		DelayedTaskCheckInterval: delayedTaskCheck,
 		TaskCheckInterval:        taskCheck,
 		Logger:                   asynqLogger{s.log},
-		IsFailure:                func(err error) bool { return !errors.Is(err, errWaitInRedis) },
+		// Neither waiting nor the death of the worker that ran a task is the
+		// task's failure: it is not counted, and it comes back soon.
+		IsFailure: func(err error) bool {
+			return !errors.Is(err, errWaitInRedis) && !errors.Is(err, asynq.ErrLeaseExpired)
+		},
 		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
-			if errors.Is(err, errWaitInRedis) {
+			if errors.Is(err, errWaitInRedis) || errors.Is(err, asynq.ErrLeaseExpired) {
 				return redisRetry
 			}
 			return asynq.DefaultRetryDelayFunc(n, err, t)
@@ -216,6 +220,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 				s.workers.Store(int64(len(servers)))
 			}
 		}
+		s.rescueOrphans(ctx)
 		if err := s.done.flush(ctx, s.rdb); err != nil && ctx.Err() == nil {
 			s.log.Warn("cannot record the queues' rates", "err", err)
 		}
@@ -224,6 +229,30 @@ func (s *Scheduler) Run(ctx context.Context) {
 			s.done.flush(context.WithoutCancel(ctx), s.rdb)
 			return
 		case <-tick.C:
+		}
+	}
+}
+
+// rescueOrphans puts back the tasks that asynq archived only because the
+// worker running them died and they had no retry left (MaxRetry 0): sluice
+// runs every task at least once. One worker of the fleet looks, every few
+// seconds, at the newest archived tasks of each queue.
+func (s *Scheduler) rescueOrphans(ctx context.Context) {
+	claim := throttle.Key("sluice:rescue:", "orphans")
+	if ok, err := s.rdb.SetNX(ctx, claim, s.worker, 4*time.Second).Result(); err != nil || !ok {
+		return
+	}
+	for queue := range s.Config().Queues {
+		tasks, err := s.inspector.ListArchivedTasks(queue, asynq.PageSize(100))
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			if t.LastErr == asynq.ErrLeaseExpired.Error() {
+				if err := s.inspector.RunTask(queue, t.ID); err == nil {
+					s.log.Info("a task archived when its worker died runs again", "queue", queue, "id", t.ID)
+				}
+			}
 		}
 	}
 }

@@ -1,0 +1,131 @@
+package test
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// TestWorkerKilled: kill -9 of one of three workers mid-run loses no task;
+// at most the tasks it had in flight (its concurrency) run twice. asynq's
+// recoverer gives them back once their lease ends (about a minute).
+func TestWorkerKilled(t *testing.T) {
+	const tasks = 200
+	u := newUpstream(t)
+	queue := queueName(t, "q")
+	config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s}
+worker: {concurrency: 10}
+queues:
+  %s: {drain: {limit: 20, period: 1s, burst: 1}}
+http: {allow: [127.0.0.1]}
+`, redisAddr(t), queue))
+	var fleet []*worker
+	for range 3 {
+		fleet = append(fleet, startWorker(t, config))
+	}
+	enqueueRequests(t, u, queue, "r", tasks)
+	waitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 60 })
+	if err := fleet[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
+	time.Sleep(time.Second)
+	dups := len(u.arrivals()) - u.distinct()
+	t.Logf("%d tasks, %d requests, %d run twice", tasks, len(u.arrivals()), dups)
+	if u.distinct() != tasks {
+		t.Errorf("%d distinct tasks ran, want %d", u.distinct(), tasks)
+	}
+	if dups > 10 {
+		t.Errorf("%d tasks ran twice, want at most the killed worker's 10 in flight", dups)
+	}
+}
+
+// TestRedisRestart: redis-server (appendonly, fsync always) is killed and
+// started again mid-run: no task is lost and no worker needs a restart.
+func TestRedisRestart(t *testing.T) {
+	const tasks = 150
+	srv := startRedis(t)
+	u := newUpstream(t)
+	queue := queueName(t, "q")
+	config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s}
+queues:
+  %s: {drain: {limit: 20, period: 1s, burst: 1}}
+http: {allow: [127.0.0.1]}
+`, srv.addr, queue))
+	for range 2 {
+		startWorker(t, config)
+	}
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: srv.addr})
+	defer client.Close()
+	for i := 0; i < tasks; i++ {
+		task, _ := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/r/%d", u.URL, i)})
+		if _, err := client.Enqueue(task, asynq.Queue(queue), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 40 })
+	srv.kill(t)
+	time.Sleep(time.Second)
+	srv.start(t)
+	waitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
+	t.Logf("%d tasks, %d requests", tasks, len(u.arrivals()))
+}
+
+// redisServer is a redis-server of the test's own, which it may kill.
+type redisServer struct {
+	addr, dir string
+	cmd       *exec.Cmd
+}
+
+func startRedis(t *testing.T) *redisServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := &redisServer{addr: addr, dir: t.TempDir()}
+	s.start(t)
+	t.Cleanup(func() { s.kill(t) })
+	return s
+}
+
+func (s *redisServer) start(t *testing.T) {
+	t.Helper()
+	server := os.Getenv("SLUICE_TEST_REDIS_SERVER")
+	if server == "" {
+		t.Fatal("SLUICE_TEST_REDIS_SERVER is not set: run the tests with `make test`")
+	}
+	_, port, _ := net.SplitHostPort(s.addr)
+	s.cmd = exec.Command(server, "--port", port, "--bind", "127.0.0.1", "--dir", s.dir,
+		"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--logfile", filepath.Join(s.dir, "redis.log"))
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "redis-server to listen", func() bool {
+		c, err := net.Dial("tcp", s.addr)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+func (s *redisServer) kill(t *testing.T) {
+	if s.cmd != nil && s.cmd.ProcessState == nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+	}
+}
