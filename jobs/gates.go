@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -184,16 +185,19 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue string, t *asyn
 func (s *Scheduler) tryBook(ctx context.Context, gs *gateSet, gates []*gate, held map[string]heldTurn, cost int) (booking, error) {
 	maxWait := gs.cfg.Worker.ReserveMax
 	var b booking
-	var target time.Time // on Redis's clock: the instant every turn must be at
+	var target time.Time // on Redis's clock: the later turn every gate must give; zero: now
+	var toBook []*gate
 	for _, g := range gates {
 		if h, ok := held[g.tag]; ok {
 			s.metrics.decisions.WithLabelValues(g.name, "held").Inc()
 			b.turns = append(b.turns, h)
 			target = later(target, h.at())
 			b.ready = later(b.ready, s.local(h.at()))
+		} else {
+			toBook = append(toBook, g)
 		}
 	}
-	booked := map[*gate]turn{}
+	booked := make(map[*gate]turn, len(toBook))
 	cancelAll := func() {
 		for g, tn := range booked {
 			if tn.remote {
@@ -201,39 +205,58 @@ func (s *Scheduler) tryBook(ctx context.Context, gs *gateSet, gates []*gate, hel
 			}
 		}
 	}
-	// Each round books the gates not yet at target; a later turn from one
-	// of them moves target. Gates offer their earliest turn from target on,
-	// so this settles in a round or two; three bound it.
+	// First every gate at once: when no gate makes the task wait, that is
+	// all it costs, one round trip.
+	turns, errs := s.reserveAll(ctx, toBook, cost, target, maxWait)
+	var refused *gate
+	for i, g := range toBook {
+		if errs[i] == nil && turns[i].res.OK {
+			booked[g] = turns[i]
+		} else if errs[i] == nil && refused == nil {
+			refused = g
+		}
+	}
+	if err := errors.Join(errs...); err != nil || refused != nil {
+		cancelAll()
+		if err != nil {
+			return booking{}, err
+		}
+		s.metrics.decisions.WithLabelValues(refused.name, "deferred").Inc()
+		return booking{deferFor: max(turns[slices.Index(toBook, refused)].res.Delay-maxWait, 0) + time.Second}, nil
+	}
+	// Then the turns are brought to one instant, the latest one offered, so
+	// that no limit sees the task's call at another time than it happens: a
+	// gate whose turn is earlier gives it back and is asked again from that
+	// instant. It may offer a later one still, so this settles in a round
+	// or two; three bound it.
 	for round := 0; round < 3; round++ {
-		moved := false
-		for _, g := range gates {
-			if _, ok := held[g.tag]; ok {
-				continue
+		for _, tn := range booked {
+			if tn.remote && tn.res.Delay > 0 {
+				target = later(target, tn.res.At)
 			}
-			if tn, ok := booked[g]; ok && (!tn.remote || !tn.res.At.Before(target)) {
-				continue
-			} else if ok {
-				s.cancel(ctx, g, tn.res)
-				delete(booked, g)
+		}
+		var behind []*gate
+		for g, tn := range booked {
+			if tn.remote && !target.IsZero() && tn.res.At.Before(target) {
+				behind = append(behind, g)
 			}
+		}
+		if len(behind) == 0 {
+			break
+		}
+		for _, g := range behind {
+			s.cancel(ctx, g, booked[g].res)
+			delete(booked, g)
 			tn, err := s.reserve(ctx, g, cost, target, maxWait)
-			if err != nil {
+			if err != nil || !tn.res.OK {
 				cancelAll()
-				return booking{}, err
-			}
-			if !tn.res.OK {
-				cancelAll()
+				if err != nil {
+					return booking{}, err
+				}
 				s.metrics.decisions.WithLabelValues(g.name, "deferred").Inc()
 				return booking{deferFor: max(tn.res.Delay-maxWait, 0) + time.Second}, nil
 			}
 			booked[g] = tn
-			if tn.remote && tn.res.At.After(target) {
-				moved = !target.IsZero() || moved
-				target = tn.res.At
-			}
-		}
-		if !moved {
-			break
 		}
 	}
 	for g, tn := range booked {
@@ -249,6 +272,22 @@ func (s *Scheduler) tryBook(ctx context.Context, gs *gateSet, gates []*gate, hel
 	}
 	sort.Slice(b.turns, func(i, j int) bool { return b.turns[i].Gate < b.turns[j].Gate })
 	return b, nil
+}
+
+// reserveAll books cost events on every gate at once, no earlier than
+// notBefore.
+func (s *Scheduler) reserveAll(ctx context.Context, gates []*gate, cost int, notBefore time.Time, maxWait time.Duration) ([]turn, []error) {
+	turns, errs := make([]turn, len(gates)), make([]error, len(gates))
+	if len(gates) == 1 {
+		turns[0], errs[0] = s.reserve(ctx, gates[0], cost, notBefore, maxWait)
+		return turns, errs
+	}
+	var wg sync.WaitGroup
+	for i, g := range gates {
+		wg.Go(func() { turns[i], errs[i] = s.reserve(ctx, g, cost, notBefore, maxWait) })
+	}
+	wg.Wait()
+	return turns, errs
 }
 
 // turn is one gate's answer to one task.

@@ -40,6 +40,7 @@ type section struct {
 
 var sections = []section{
 	{"throttle", runThrottle},
+	{"worker", runWorker},
 }
 
 // bench is what every section gets: the server, the settings, and a run id
