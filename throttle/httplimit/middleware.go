@@ -1,0 +1,235 @@
+package httplimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// Middleware returns next behind the limits: a request reaches next only if
+// no ban holds on it and every limit admits it. Its Client is in the
+// context next sees (ClientFrom). See the package doc for the answers.
+func (l *Limiter) Middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := l.Client(r)
+		r = r.WithContext(context.WithValue(r.Context(), clientContextKey{}, c))
+		a := l.decide(r, c)
+		a.setRateLimit(w.Header())
+		if a.status == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		a.refuse(w)
+	})
+}
+
+// The problem types of draft-ietf-httpapi-ratelimit-headers.
+const (
+	problemQuota    = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	problemAbuse    = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected"
+	problemCapacity = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+)
+
+var problemTitles = map[string]string{
+	problemQuota:    "Too many requests: a rate limit is exceeded",
+	problemAbuse:    "Banned for a while after too many refused requests",
+	problemCapacity: "Rate limits cannot be checked now",
+}
+
+// answer is the Middleware's verdict on one request.
+type answer struct {
+	status  int           // 0: pass the request on; else 429 or 503
+	problem string        // the problem type of a refusal
+	retry   time.Duration // the Retry-After of a refusal
+	policy  string        // the limit (or "ban") that refused, or that the RateLimit fields name
+	limit   *limit        // that limit, for RateLimit-Policy; nil for a ban
+	left    int           // r: requests left
+	window  time.Duration // t
+}
+
+// errRedisDeny refuses a request that a limit could not count, under the
+// deny policy.
+var errRedisDeny = errors.New("httplimit: redis failed and the limit's policy is deny")
+
+// counted is one limit's reservation of a request.
+type counted struct {
+	limit  *limit
+	engine throttle.Reserver // Redis, or the local twin
+	key    string
+	res    throttle.Reservation
+}
+
+// decide checks the bans on r and then its limits, counting it on all of
+// them or on none.
+func (l *Limiter) decide(r *http.Request, c Client) answer {
+	ctx := r.Context()
+	ipKey := l.ipKey(c.IP)
+	// The identities a ban can be on, by the kind of limit whose refusals
+	// ban them (see the package doc).
+	ids := map[KeyKind]string{KeyIP: "ip:" + ipKey}
+	if c.ID != Anonymous {
+		ids[KeyClient] = c.ID
+	}
+	if a, banned := l.banned(ctx, ids); banned {
+		return a
+	}
+	var held []counted
+	for _, lim := range l.limits {
+		key := l.key(lim, r, c, ipKey)
+		res, engine, err := l.reserve(ctx, lim, key)
+		switch {
+		case err != nil:
+			l.giveBack(ctx, held)
+			return answer{status: http.StatusServiceUnavailable, problem: problemCapacity, retry: time.Second, policy: lim.Name}
+		case engine == nil: // the allow policy: not counted
+			continue
+		case !res.OK:
+			l.metrics.decisions.WithLabelValues(lim.Name, "refused").Inc()
+			l.giveBack(ctx, held)
+			a := answer{status: http.StatusTooManyRequests, problem: problemQuota, retry: res.Delay, policy: lim.Name, limit: lim}
+			if id, ok := ids[lim.Key]; ok && l.ban != nil {
+				a.retry = max(a.retry, l.refused(ctx, lim.Key, id))
+			}
+			a.window = a.retry
+			return a
+		}
+		held = append(held, counted{lim, engine, key, res})
+	}
+	var a answer
+	for _, h := range held {
+		l.metrics.decisions.WithLabelValues(h.limit.Name, "allowed").Inc()
+		if a.limit == nil || h.res.Remaining < a.left {
+			a = answer{policy: h.limit.Name, limit: h.limit, left: h.res.Remaining, window: h.limit.window}
+		}
+	}
+	return a
+}
+
+func (l *Limiter) key(lim *limit, r *http.Request, c Client, ipKey string) string {
+	switch lim.Key {
+	case KeyClient:
+		return c.ID
+	case KeyIP:
+		return ipKey
+	case KeyType:
+		return l.keyFunc(r)
+	}
+	return "global"
+}
+
+// reserve counts one request on lim, or on its failure policy's behalf
+// when Redis fails. engine is the limiter that counted it, nil if the
+// allow policy let it through uncounted; an error means the request must
+// be refused (the deny policy, or a request that is gone).
+func (l *Limiter) reserve(ctx context.Context, lim *limit, key string) (res throttle.Reservation, engine throttle.Reserver, err error) {
+	res, err = lim.remote.ReserveN(ctx, key, 1, 0)
+	if err == nil {
+		return res, lim.remote, nil
+	}
+	if ctx.Err() != nil {
+		return res, nil, err
+	}
+	l.redisError(lim.Name, err)
+	l.metrics.fallbacks.WithLabelValues(lim.Name, lim.OnRedisError).Inc()
+	switch lim.OnRedisError {
+	case OnRedisErrorAllow:
+		return throttle.Reservation{}, nil, nil
+	case OnRedisErrorLocal:
+		res, err = lim.local.ReserveN(ctx, key, 1, 0)
+		return res, lim.local, err
+	}
+	return res, nil, errRedisDeny
+}
+
+// giveBack cancels the reservations of a request that another limit
+// refused. It does so even if the request is gone, or its events would
+// stay counted.
+func (l *Limiter) giveBack(ctx context.Context, held []counted) {
+	ctx = context.WithoutCancel(ctx)
+	for _, h := range held {
+		l.metrics.decisions.WithLabelValues(h.limit.Name, "cancelled").Inc()
+		if err := h.engine.Cancel(ctx, h.key, h.res); err != nil {
+			l.redisError(h.limit.Name, err)
+		}
+	}
+}
+
+// banned checks the bans on ids and returns the answer to a banned request.
+func (l *Limiter) banned(ctx context.Context, ids map[KeyKind]string) (answer, bool) {
+	if l.ban == nil {
+		return answer{}, false
+	}
+	var longest time.Duration
+	for _, id := range ids {
+		d, err := l.ban.check(ctx, id)
+		if err != nil && ctx.Err() == nil {
+			l.redisError("ban", err)
+		}
+		longest = max(longest, d)
+	}
+	if longest == 0 {
+		return answer{}, false
+	}
+	l.metrics.decisions.WithLabelValues("ban", "refused").Inc()
+	return answer{status: http.StatusTooManyRequests, problem: problemAbuse, retry: longest, policy: "ban", window: longest}, true
+}
+
+// refused counts a refusal toward a ban on id, of kind kind, and returns
+// the length of the ban it caused; 0 for none.
+func (l *Limiter) refused(ctx context.Context, kind KeyKind, id string) time.Duration {
+	d, err := l.ban.refused(context.WithoutCancel(ctx), id)
+	if err != nil {
+		l.redisError("ban", err)
+	}
+	if d > 0 {
+		l.metrics.bans.WithLabelValues(string(kind)).Inc()
+	}
+	return d
+}
+
+// redisError counts err and logs it, at most once every 10 seconds per
+// limit so that a Redis outage does not flood the log. The error never
+// holds a key: throttle's errors name the script, not its keys.
+func (l *Limiter) redisError(limit string, err error) {
+	l.metrics.redisErrors.WithLabelValues(limit).Inc()
+	if d, _ := l.logGates.AllowN(context.Background(), limit, 1); d.Allowed {
+		l.log.Warn("httplimit: redis failed; further failures of this limit in the next 10s are only counted", "limit", limit, "err", err)
+	}
+}
+
+// setRateLimit sets the RateLimit fields of the limit a answers for.
+func (a answer) setRateLimit(h http.Header) {
+	if a.policy == "" || a.status == http.StatusServiceUnavailable {
+		return
+	}
+	if a.limit != nil {
+		h.Set("RateLimit-Policy", fmt.Sprintf(`"%s";q=%d;w=%d`, a.policy, a.limit.quota, seconds(a.limit.window)))
+	}
+	h.Set("RateLimit", fmt.Sprintf(`"%s";r=%d;t=%d`, a.policy, a.left, seconds(a.window)))
+}
+
+// refuse writes a refusal: Retry-After and a problem+json body naming the
+// limit.
+func (a answer) refuse(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Retry-After", strconv.FormatInt(max(1, seconds(a.retry)), 10))
+	h.Set("Content-Type", "application/problem+json")
+	w.WriteHeader(a.status)
+	json.NewEncoder(w).Encode(struct {
+		Type     string   `json:"type"`
+		Title    string   `json:"title"`
+		Status   int      `json:"status"`
+		Violated []string `json:"violated-policies"`
+	}{a.problem, problemTitles[a.problem], a.status, []string{a.policy}})
+}
+
+// seconds is d in whole seconds, rounded up.
+func seconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}
