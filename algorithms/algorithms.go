@@ -88,18 +88,19 @@ func Reserve(s State, p Params, now, blocked, notBefore, n, maxWait int64) Resul
 	return r
 }
 
-// Peek returns how many events fit at now, changing nothing but what has
-// expired: the Go twin of the scripts' "peek" operation (with n = 1).
-func Peek(s State, p Params, now, blocked int64) int64 {
+// Peek returns how many events fit at now and how long the key is still
+// blocked, changing nothing but what has expired: the Go twin of the
+// scripts' "peek" operation.
+func Peek(s State, p Params, now, blocked int64) (remaining, blockedFor int64) {
 	s.Trim(p, now)
 	if blocked > now {
-		return 0
+		return 0, blocked - now
 	}
 	r := s.Decide(p, now, 1)
 	if r.Allowed {
-		return r.Remaining + 1
+		return r.Remaining + 1, 0
 	}
-	return r.Remaining
+	return r.Remaining, 0
 }
 
 // Cancel gives back n events reserved at `at`: the Go twin of the scripts'

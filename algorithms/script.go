@@ -60,11 +60,11 @@ func (s *Script) Cancel(ctx context.Context, rdb redis.Scripter, c Call, at int6
 	return err
 }
 
-// Peek runs the script's "peek" operation (with n = 1): the twin of Peek.
-func (s *Script) Peek(ctx context.Context, rdb redis.Scripter, c Call) (int64, error) {
+// Peek runs the script's "peek" operation: the twin of Peek.
+func (s *Script) Peek(ctx context.Context, rdb redis.Scripter, c Call) (remaining, blockedFor int64, err error) {
 	c.N = 1
 	r, err := s.run(ctx, rdb, c, "peek", 0, 0)
-	return r.Remaining, err
+	return r.Remaining, r.RetryAfter, err
 }
 
 // Block runs the script's "block" operation for d µs and returns the µs

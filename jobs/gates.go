@@ -371,11 +371,11 @@ func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[str
 	levels := map[string]int{}
 	for _, gates := range []map[string]*gate{gs.drains, gs.quotas} {
 		for _, g := range gates {
-			n, err := g.remote.Peek(ctx, g.key)
+			level, err := g.remote.Peek(ctx, g.key)
 			if err != nil {
 				return nil, err
 			}
-			levels[g.name] = n
+			levels[g.name] = level.Remaining
 		}
 	}
 	return levels, nil

@@ -14,7 +14,8 @@
 --             away: the caller acts then, and later callers see them counted
 --   'cancel'  give back n events reserved at ARGV[9]
 --   'block'   count nothing for ARGV[9] µs from now (a longer block stays)
---   'peek'    how many events fit now (remaining), counting nothing
+--   'peek'    how many events fit now (remaining) and how long the key is
+--             still blocked (retry_after), counting nothing
 -- Reply: {allowed (1|0), remaining, retry_after, reset_after, delay, at}:
 -- all µs; delay is how long after now the events were counted (at).
 
@@ -50,7 +51,7 @@ if op == 'peek' then
   elseif fits then
     remaining = remaining + n
   end
-  return {0, remaining, 0, 0, 0, now}
+  return {0, remaining, start - now, 0, 0, now}
 end
 if fits and start == now then
   record(now, ttl(reset))

@@ -141,14 +141,14 @@ func TestRedisMatchesLocal(t *testing.T) {
 								fail(i, "reservation refused with Delay %v <= maxWait %v", got[0].Delay, maxWait)
 							}
 						case op == 9 && rng.IntN(4) == 1:
-							var got [2]int
+							var got [2]throttle.Level
 							for j, lim := range engines {
 								if got[j], err = lim.Peek(ctx, key); err != nil {
 									fail(i, "Peek: %v", err)
 								}
 							}
 							if got[0] != got[1] {
-								fail(i, "Peek(%q): local %d, redis %d", key, got[0], got[1])
+								fail(i, "Peek(%q): local %+v, redis %+v", key, got[0], got[1])
 							}
 						case op == 9 && rng.IntN(4) == 0:
 							d := time.Duration(rng.Int64N(int64(spec.Period)))

@@ -131,13 +131,14 @@ func (l *localLimiter) Cancel(ctx context.Context, key string, r Reservation) er
 }
 
 // Peek implements Reserver.
-func (l *localLimiter) Peek(ctx context.Context, key string) (int, error) {
+func (l *localLimiter) Peek(ctx context.Context, key string) (Level, error) {
 	now := l.clock.Now().UnixMicro()
 	shard := l.shard(key)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()
 	e := shard.entry(key, l.algorithm)
-	return int(algorithms.Peek(e.state, l.params, now, e.blocked)), nil
+	remaining, blockedFor := algorithms.Peek(e.state, l.params, now, e.blocked)
+	return Level{Remaining: int(remaining), BlockedFor: micros(blockedFor)}, nil
 }
 
 // Block implements Reserver.

@@ -88,12 +88,12 @@ func (l *redisLimiter) ReserveAfter(ctx context.Context, key string, n int, notB
 }
 
 // Peek implements Reserver.
-func (l *redisLimiter) Peek(ctx context.Context, key string) (int, error) {
-	remaining, err := l.algorithm.Script.Peek(ctx, l.rdb, l.call(key, 1))
+func (l *redisLimiter) Peek(ctx context.Context, key string) (Level, error) {
+	remaining, blockedFor, err := l.algorithm.Script.Peek(ctx, l.rdb, l.call(key, 1))
 	if err != nil {
-		return 0, l.fail(err)
+		return Level{}, l.fail(err)
 	}
-	return int(remaining), nil
+	return Level{Remaining: int(remaining), BlockedFor: micros(blockedFor)}, nil
 }
 
 // Block implements Reserver.

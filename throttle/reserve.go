@@ -34,9 +34,15 @@ type Reserver interface {
 	// A longer block already in place stays. For an upstream that answered
 	// "429 Too Many Requests, Retry-After: d".
 	Block(ctx context.Context, key string, d time.Duration) error
-	// Peek returns how many events key could admit now, counting nothing:
-	// a bucket's level, a window's room.
-	Peek(ctx context.Context, key string) (int, error)
+	// Peek tells how many events key could admit now (a bucket's level, a
+	// window's room) and how much longer it is blocked, counting nothing.
+	Peek(ctx context.Context, key string) (Level, error)
+}
+
+// Level is the answer to Peek.
+type Level struct {
+	Remaining  int           // events that could be admitted now
+	BlockedFor time.Duration // how much longer a Block holds; 0: none
 }
 
 // Reservation is the answer to ReserveN.
@@ -53,6 +59,9 @@ type Reservation struct {
 	N     int           // the events reserved
 	// Remaining is how many more events fit at At.
 	Remaining int
+	// ResetAfter is how long from now until the key is back to its initial
+	// state, this reservation included.
+	ResetAfter time.Duration
 }
 
 // AsReserver returns lim as a Reserver, if it is one.

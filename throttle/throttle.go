@@ -185,7 +185,7 @@ func decision(r algorithms.Result) Decision {
 
 func reservation(r algorithms.Result, n int) Reservation {
 	if !r.Allowed {
-		return Reservation{Delay: micros(r.RetryAfter), N: n, Remaining: int(r.Remaining)}
+		return Reservation{Delay: micros(r.RetryAfter), N: n, Remaining: int(r.Remaining), ResetAfter: micros(r.ResetAfter)}
 	}
-	return Reservation{OK: true, Delay: micros(r.Delay), At: time.UnixMicro(r.At), N: n, Remaining: int(r.Remaining)}
+	return Reservation{OK: true, Delay: micros(r.Delay), At: time.UnixMicro(r.At), N: n, Remaining: int(r.Remaining), ResetAfter: micros(r.ResetAfter)}
 }

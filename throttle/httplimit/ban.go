@@ -24,12 +24,8 @@ import (
 //     bans: each pours one strike in, and with s strikes in the bucket a
 //     ban lasts For × 2^(s-1), at most Max. A full bucket denies the
 //     strike, and the ban lasts Max.
-//   - bans holds each ban as a throttle Block, and is asked with AllowN
-//     whether an identity is banned. Its own limit (2^40 a millisecond) is
-//     never reached, so it denies only while a ban holds, with the ban's
-//     remaining time as RetryAfter. Throttle has no read-only way to ask
-//     whether a key is blocked, so each check counts one event in a key
-//     that lives a millisecond.
+//   - bans holds each ban as a throttle Block, and is asked with Peek,
+//     which counts nothing, how much longer an identity is banned.
 type banner struct {
 	Ban
 	maxStrikes        int
@@ -81,11 +77,8 @@ func newBanner(rdb redis.UniversalClient, b Ban, prefix string, opts []throttle.
 
 // check returns how much longer id is banned; 0 if it is not.
 func (b *banner) check(ctx context.Context, id string) (time.Duration, error) {
-	d, err := b.bans.AllowN(ctx, id, 1)
-	if err != nil || d.Allowed {
-		return 0, err
-	}
-	return d.RetryAfter, nil
+	level, err := b.bans.Peek(ctx, id)
+	return level.BlockedFor, err
 }
 
 // refused counts a refusal of id and bans id if it was the After-th within
