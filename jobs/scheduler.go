@@ -70,7 +70,6 @@ type Scheduler struct {
 // before they call (new turns are kept out by the quota's own block).
 const blockChannel = "sluice:blocked"
 
-
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
 // asynqRedis is where the queues are (the same server, as asynq wants it).
 func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg Config, m *Metrics, log *slog.Logger) (*Scheduler, error) {
