@@ -89,12 +89,17 @@ trap 'exit 143' TERM
 # pick_ports N: sets ports=(N free ports). Pure bash because python3 and
 # similar helpers may be missing on a fresh machine. A port counts as free if
 # nothing accepts a connection on it or on PORT+10000, Redis Cluster's bus port.
+# Both stay below the kernel's ephemeral range (32768 and up by default), so
+# that no outgoing connection of the tests can take them in the meantime.
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 pick_ports() {
 	ports=()
-	local p taken=" "
+	local p taken=" " low=32768
+	read -r low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+	local span=$((low - 10000 - 11000))
+	((span > 1000)) || span=1000
 	while ((${#ports[@]} < $1)); do
-		p=$((20000 + RANDOM % 20001))
+		p=$((11000 + RANDOM % span))
 		# Also keeps one node's port off another's bus port.
 		[[ $taken == *" $p "* ]] && continue
 		if ! port_busy "$p" && ! port_busy $((p + 10000)); then
