@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ type section struct {
 var sections = []section{
 	{"throttle", runThrottle},
 	{"worker", runWorker},
+	{"enqueue", runEnqueue},
 }
 
 // bench is what every section gets: the server, the settings, and a run id
@@ -75,7 +77,19 @@ func run() error {
 	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	rounds := flag.Int("rounds", 3, "rounds per contender; the median is reported")
 	only := flag.String("only", "", "run only the section `NAME`, one of "+strings.Join(names, ", "))
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	switch {
 	case flag.NArg() > 0:
