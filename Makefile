@@ -1,3 +1,4 @@
+SHELL := /bin/bash
 GO ?= go
 GOFMT ?= gofmt
 # Pinned so lint results don't change under us; fetched via the module proxy.
@@ -21,8 +22,14 @@ lint:
 bench:
 	scripts/redis-env.sh $(GO) run ./cmd/bench
 
+# The demo: a worker on config.yaml with a burst of demo tasks in every
+# queue, showing each queue drain at its configured rate. It uses the Redis
+# at redis.addr if one answers there, or else serves an embedded one.
 run:
-	$(GO) run ./cmd/worker --config config.yaml --embedded-redis
+	@addr=$${SLUICE_REDIS_ADDR:-127.0.0.1:6379}; \
+	if (exec 3<>"/dev/tcp/$${addr%:*}/$${addr##*:}") 2>/dev/null; then embedded=; \
+	else embedded=--embedded-redis; fi; \
+	$(GO) run ./cmd/worker --config config.yaml $$embedded --demo 100
 
 build:
 	$(GO) build -o bin/ ./cmd/...

@@ -16,7 +16,8 @@ import (
 
 // runDemo enqueues n demo:noop tasks into every configured queue, then
 // prints each queue's progress and measured rate every second until all
-// are done or ctx ends.
+// are done or ctx ends. It counts tasks by what is left in each queue, so
+// it assumes the queues were empty.
 func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, n int, out io.Writer, log *slog.Logger) {
 	client := asynq.NewClient(redisOpt)
 	defer client.Close()
@@ -38,8 +39,12 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 	}
 	fmt.Fprintf(out, "demo: enqueued %d demo:noop tasks into each of %s\n", n, strings.Join(queues, ", "))
 
+	// The rate shown is over the last few seconds while a queue has work,
+	// and over its whole run once it is done.
+	const window = 3
 	start := time.Now()
-	first := map[string]time.Time{}
+	history := map[string][]int{} // queue -> done, second by second
+	finished := map[string]time.Duration{}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -48,7 +53,6 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 			return
 		case <-tick.C:
 		}
-		all := true
 		var line strings.Builder
 		for _, q := range queues {
 			info, err := inspector.GetQueueInfo(q)
@@ -56,24 +60,26 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 				continue
 			}
 			done := n - info.Pending - info.Scheduled - info.Active - info.Retry
-			if done > 0 && first[q].IsZero() {
-				first[q] = time.Now()
+			history[q] = append(history[q], done)
+			h := history[q]
+			rate := float64(done-h[max(0, len(h)-1-window)]) / float64(min(window, len(h)))
+			if len(h) <= window {
+				rate = float64(done) / float64(len(h))
 			}
-			rate := 0.0
-			if !first[q].IsZero() {
-				rate = float64(done) / time.Since(start).Seconds()
+			if _, ok := finished[q]; !ok && done >= n {
+				finished[q] = time.Since(start)
+			}
+			if took, ok := finished[q]; ok {
+				rate = float64(n) / took.Seconds()
 			}
 			drain := "no drain"
 			if d := cfg.Queues[q].Drain; d != nil {
 				drain = fmt.Sprintf("drain %d per %v", d.Limit, d.Period)
 			}
-			fmt.Fprintf(&line, "  %-10s %4d/%d done  %6.2f/s  (%s)", q, done, n, rate, drain)
-			if done < n {
-				all = false
-			}
+			fmt.Fprintf(&line, "  %s %d/%d %.1f/s (%s)", q, done, n, rate, drain)
 		}
-		fmt.Fprintf(out, "demo %5.1fs:%s\n", time.Since(start).Seconds(), line.String())
-		if all {
+		fmt.Fprintf(out, "demo %3.0fs:%s\n", time.Since(start).Seconds(), line.String())
+		if len(finished) == len(queues) {
 			fmt.Fprintf(out, "demo: all done in %.1fs; the worker keeps running (Ctrl-C to stop)\n", time.Since(start).Seconds())
 			return
 		}
