@@ -284,5 +284,4 @@ func maxInWindow(times []time.Time, d time.Duration) int {
 	return most
 }
 
-
 func redisAddr(t *testing.T) string { return redistest.Addr(t) }

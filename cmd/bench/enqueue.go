@@ -112,6 +112,7 @@ The same %s http:request tasks (payloads of about 50 bytes), loaded into an empt
 |---|--:|--:|--:|--:|
 | %s | %s | %.2f | %s | %.2f |
 | %s | %s | %.2f | %s | 1.00 |
+
 `, grouped(enqueueTasks), grouped(enqueueTasks), b.rounds,
 		"`"+viaFile+"`", grouped(enqueueTasks), enqueueTasks/rates[viaFile], grouped(rates[viaFile]), rates[viaFile]/loop,
 		"`"+viaLoop+"`", grouped(enqueueTasks), enqueueTasks/loop, grouped(loop))

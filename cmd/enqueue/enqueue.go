@@ -1,0 +1,405 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// enqueueFlags are the root command's flags.
+type enqueueFlags struct {
+	queue, file string
+	count, skip int
+
+	processIn, processAt, timeout, deadline, unique, taskID, retention, group string
+	maxRetry                                                                  int
+}
+
+func newEnqueueCommand(a *app) *cobra.Command {
+	var f enqueueFlags
+	var types strings.Builder
+	for _, t := range jobs.Types() {
+		fmt.Fprintf(&types, "  %-13s %s\n", t.Name, t.Doc)
+	}
+	cmd := &cobra.Command{
+		Use:   "enqueue [flags] TYPE [PAYLOAD_JSON] | --file FILE",
+		Short: "Enqueue sluice tasks, or show the queues (enqueue status)",
+		Long: `Enqueue one task (or --count copies) of TYPE with PAYLOAD_JSON and print its id,
+or every task of a JSON Lines file (--file, "-" for stdin), one per line:
+
+  {"type": "demo:sleep", "payload": {"ms": 100}, "queue": "reports", "options": {"max_retry": 3, "task_id": "r-1"}}
+
+Only "type" is required. The options are the flags' names in snake_case
+(process_in, process_at, max_retry, timeout, deadline, unique, task_id,
+retention, group); flags given with --file apply to every line that does not
+set the option itself. Everything is checked before anything is written.
+A run that Redis cut short says which lines landed; rerun it with --skip N
+(lines with task_id count as already enqueued, not twice).
+
+Task types:
+` + types.String() + `
+Exit codes: 0 done, 1 Redis failed (or Ctrl-C) part way, 2 bad input or
+config (nothing enqueued).`,
+		Example: `  enqueue demo:sleep '{"ms": 250}' --queue reports --max-retry 3
+  enqueue http:request '{"url": "http://localhost:8000/"}' --process-in 5m --count 10
+  enqueue --file tasks.jsonl --queue bulk
+  enqueue status --watch`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 2 {
+				return badInput(fmt.Errorf("want TYPE [PAYLOAD_JSON], got %d arguments (quote the payload)", len(args)))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			values, err := f.check(cmd.Flags(), args)
+			if err != nil {
+				return badInput(err)
+			}
+			if f.file != "" {
+				return a.enqueueFile(cmd, f, values)
+			}
+			return a.enqueueCopies(cmd, f, values, args)
+		},
+	}
+	fl := cmd.Flags()
+	fl.SortFlags = false
+	fl.StringVar(&f.queue, "queue", "default", "the `queue`: lower case; a queue config.yaml does not name gets a warning")
+	fl.IntVar(&f.count, "count", 1, "enqueue `N` copies of the task")
+	fl.StringVar(&f.file, "file", "", "enqueue the tasks of a JSON Lines `FILE` (\"-\": stdin)")
+	fl.IntVar(&f.skip, "skip", 0, "with --file: skip the first `N` lines (to resume a run Redis cut short)")
+	fl.StringVar(&f.processIn, "process-in", "", "run the task after this `duration` (5m)")
+	fl.StringVar(&f.processAt, "process-at", "", "run the task at this RFC 3339 `time` (2030-01-02T15:04:05Z)")
+	fl.IntVar(&f.maxRetry, "max-retry", 25, "retry a failed task up to `N` times")
+	fl.StringVar(&f.timeout, "timeout", "", "time limit of one run, in whole seconds (`duration`; default: asynq's 30m)")
+	fl.StringVar(&f.deadline, "deadline", "", "give up on the task after this RFC 3339 `time`")
+	fl.StringVar(&f.unique, "unique", "", "refuse a task like it (type, payload, queue) for this `duration`")
+	fl.StringVar(&f.taskID, "task-id", "", "the task's `id` (default: a random UUID); an id already taken counts as already enqueued")
+	fl.StringVar(&f.retention, "retention", "", "keep the task this `duration` after it is done")
+	fl.StringVar(&f.group, "group", "", "aggregate the task into `group`")
+	return cmd
+}
+
+// check checks the flags and arguments that do not depend on each task and
+// returns the options the flags set.
+func (f enqueueFlags) check(fs *pflag.FlagSet, args []string) (optionValues, error) {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	set := func(name string, s *string) *string {
+		if fs.Changed(name) {
+			return s
+		}
+		return nil
+	}
+	var v optionValues
+	v.ProcessIn, v.ProcessAt = set("process-in", &f.processIn), set("process-at", &f.processAt)
+	v.Timeout, v.Deadline, v.Unique = set("timeout", &f.timeout), set("deadline", &f.deadline), set("unique", &f.unique)
+	v.TaskID, v.Retention, v.Group = set("task-id", &f.taskID), set("retention", &f.retention), set("group", &f.group)
+	if fs.Changed("max-retry") {
+		v.MaxRetry = &f.maxRetry
+	}
+	if _, problems := v.check(flagName, time.Now()); len(problems) > 0 {
+		errs = append(errs, problems...)
+	}
+	if err := checkQueue(f.queue); err != nil {
+		bad("--queue: %v", err)
+	}
+	if f.file != "" {
+		if len(args) > 0 {
+			bad("--file: the tasks come from %s; TYPE and PAYLOAD_JSON cannot be given too", f.file)
+		}
+		if fs.Changed("count") {
+			bad("--count cannot be used with --file: a line is one task")
+		}
+		if v.TaskID != nil {
+			bad("--task-id cannot be used with --file: give each line its own task_id option")
+		}
+		if f.skip < 0 {
+			bad("--skip must be >= 0, got %d", f.skip)
+		}
+		return v, joinProblems(errs)
+	}
+	switch {
+	case len(args) == 0:
+		bad("missing TYPE: give a task type (%s) and its payload, or --file (see --help)", knownTypes())
+	case fs.Changed("skip"):
+		bad("--skip goes with --file")
+	}
+	switch {
+	case f.count < 1:
+		bad("--count must be >= 1, got %d", f.count)
+	case f.count > 1 && v.TaskID != nil:
+		bad("--task-id cannot be used with --count %d: the copies would all need the same id", f.count)
+	case f.count > 1 && v.Unique != nil:
+		bad("--unique cannot be used with --count %d: every copy after the first would be refused as a duplicate", f.count)
+	}
+	return v, joinProblems(errs)
+}
+
+// joinProblems is nil for no errors, the error for one, and a list for more.
+func joinProblems(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problems; nothing was enqueued:", len(errs))
+	for _, err := range errs {
+		b.WriteString("\n  ")
+		b.WriteString(err.Error())
+	}
+	return errors.New(b.String())
+}
+
+// flagName spells an option key as its flag: max_retry is --max-retry.
+func flagName(key string) string { return "--" + strings.ReplaceAll(key, "_", "-") }
+
+// enqueueCopies enqueues --count copies of the task in args and prints the
+// id of each copy that is in Redis.
+func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values optionValues, args []string) error {
+	o, _ := values.check(flagName, time.Now()) // checked by enqueueFlags.check
+	var payload []byte
+	if len(args) == 2 {
+		payload = []byte(args[1])
+	}
+	t, err := newTask(args[0], payload, f.queue, o)
+	if err != nil {
+		return badInput(err)
+	}
+	file, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	warnUnconfigured(cmd.ErrOrStderr(), file, map[string]int{f.queue: f.count})
+	tasks := make([]task, f.count)
+	for i := range tasks {
+		tasks[i] = t
+		tasks[i].line = i + 1
+	}
+	results, _, err := connectAndLoad(cmd, file.Redis, tasks, f.count > 1)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	for _, r := range results {
+		if r.id != "" {
+			fmt.Fprintln(out, r.id)
+		}
+	}
+	n := tally(results)
+	switch {
+	case n[existed] > 0:
+		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: already enqueued: queue %q has a task with id %q\n", t.queue, t.taskID)
+	case n[duplicate] > 0:
+		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: not enqueued: queue %q has a task of the same type and payload, unique for --unique %s\n", t.queue, f.unique)
+	}
+	if failed := len(results) - n[enqueued] - n[existed] - n[duplicate]; failed > 0 {
+		var b strings.Builder
+		if len(tasks) == 1 {
+			fmt.Fprintf(&b, "%s: %v", stopped(file.Redis, results), firstError(results))
+			if n[uncertain] > 0 {
+				b.WriteString("\nthe task was sent, but the connection broke before Redis answered: it may be in Redis or not")
+			} else {
+				b.WriteString("\nthe task was not enqueued")
+			}
+			return redisFailed(errors.New(b.String()))
+		}
+		fmt.Fprintf(&b, "%s after %d of %d copies: %v\n", stopped(file.Redis, results), n[enqueued], len(tasks), firstError(results))
+		writeOutcomes(&b, "copies", tasks, results)
+		if n[uncertain] == 0 {
+			fmt.Fprintf(&b, "to enqueue the rest, run the same command with --count %d", failed)
+		} else {
+			fmt.Fprintf(&b, "to enqueue the rest, run the same command with --count %d, or %d if the uncertain copies are not in Redis", n[notTried]+n[refused], failed)
+		}
+		return redisFailed(errors.New(b.String()))
+	}
+	return nil
+}
+
+// enqueueFile enqueues every task of --file and prints a summary.
+func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values optionValues) error {
+	start := time.Now()
+	in := cmd.InOrStdin()
+	name := "stdin"
+	if f.file != "-" {
+		file, err := openFile(f.file)
+		if err != nil {
+			return badInput(err)
+		}
+		defer file.Close()
+		in, name = file, f.file
+	}
+	tasks, err := readTasks(in, name, f.skip, lineDefaults{queue: f.queue, options: values}, time.Now())
+	if err != nil {
+		return badInput(err)
+	}
+	file, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	perQueue := map[string]int{}
+	for _, t := range tasks {
+		perQueue[t.queue]++
+	}
+	warnUnconfigured(cmd.ErrOrStderr(), file, perQueue)
+	if len(tasks) == 0 {
+		fmt.Fprintf(cmd.OutOrStdout(), "%s: no tasks to enqueue\n", name)
+		return nil
+	}
+	checked := time.Since(start)
+	results, elapsed, err := connectAndLoad(cmd, file.Redis, tasks, true)
+	if err != nil {
+		return err
+	}
+	n := tally(results)
+	if n[enqueued]+n[existed]+n[duplicate] == len(tasks) {
+		fmt.Fprintf(cmd.OutOrStdout(), "%s: %d tasks in %.2fs (%s tasks/s; read and checked in %.2fs): %d enqueued%s\n",
+			name, len(tasks), elapsed.Seconds(), grouped(float64(len(tasks))/elapsed.Seconds()), checked.Seconds(), n[enqueued], alreadyThere(n))
+		return nil
+	}
+	return redisFailed(fileFailure(name, file.Redis, tasks, results))
+}
+
+// alreadyThere describes the tasks that were in Redis before.
+func alreadyThere(n map[outcome]int) string {
+	var s string
+	if n[existed] > 0 {
+		s += fmt.Sprintf(", %d already enqueued (their task_id was taken)", n[existed])
+	}
+	if n[duplicate] > 0 {
+		s += fmt.Sprintf(", %d not enqueued as duplicates (unique)", n[duplicate])
+	}
+	return s
+}
+
+// fileFailure reports a --file run that Redis cut short: which lines are
+// in Redis, which may be, which are not, and how to resume.
+func fileFailure(name string, r config.Redis, tasks []task, results []result) error {
+	n := tally(results)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s part way: %v\n", stopped(r, results), firstError(results))
+	fmt.Fprintf(&b, "%s: %d of %d tasks are in Redis%s\n", name, n[enqueued]+n[existed]+n[duplicate], len(tasks), alreadyThere(n))
+	writeOutcomes(&b, "lines", tasks, results)
+	first := slices.IndexFunc(results, func(r result) bool { return !r.outcome.inRedis() })
+	skip := tasks[first].line - 1
+	fmt.Fprintf(&b, "to resume, run the same command with --skip %d (the lines before line %d, the first that is not surely in Redis)", skip, tasks[first].line)
+	// A resumed run sends every line from first on again; those that are or
+	// may be in Redis count as already enqueued only if they have a task id.
+	maybeIn := func(i int) bool { return results[i].outcome.inRedis() || results[i].outcome == uncertain }
+	again := func(i int) bool { return i >= first && maybeIn(i) && tasks[i].taskID == "" }
+	var resent, withID int
+	for i := first; i < len(tasks); i++ {
+		switch {
+		case again(i):
+			resent++
+		case maybeIn(i):
+			withID++
+		}
+	}
+	switch {
+	case resent > 0:
+		fmt.Fprintf(&b, "\nwarning: these lines from line %d on are or may be in Redis and have no task_id, so resuming would enqueue them again: %s (%d)",
+			tasks[first].line, spans(tasks, again), resent)
+	case withID > 0:
+		fmt.Fprintf(&b, "; the %s after it that are or may be in Redis have a task_id, so they will count as already enqueued, not twice", plural(withID, "line"))
+	}
+	return errors.New(b.String())
+}
+
+// writeOutcomes writes the positions (lines or copies) of each outcome.
+func writeOutcomes(b *strings.Builder, what string, tasks []task, results []result) {
+	n := tally(results)
+	rows := []struct {
+		label string
+		count int
+		match func(outcome) bool
+		note  string
+	}{
+		{"in Redis", n[enqueued] + n[existed] + n[duplicate], outcome.inRedis, ""},
+		{"uncertain", n[uncertain], func(o outcome) bool { return o == uncertain }, ": sent, but the connection broke before Redis answered; each may be in Redis or not"},
+		{"not enqueued", n[refused] + n[notTried], func(o outcome) bool { return o == refused || o == notTried }, ""},
+	}
+	for _, row := range rows {
+		if row.count > 0 {
+			match := func(i int) bool { return row.match(results[i].outcome) }
+			fmt.Fprintf(b, "  %-13s %s %s (%d)%s\n", row.label+":", what, spans(tasks, match), row.count, row.note)
+		}
+	}
+}
+
+// firstError is the first task's error, or "interrupted" if none failed.
+func firstError(results []result) error {
+	for _, r := range results {
+		if r.err != nil {
+			return r.err
+		}
+	}
+	return errors.New("interrupted")
+}
+
+// stopped says why a load stopped short: Redis failed, or Ctrl-C.
+func stopped(r config.Redis, results []result) string {
+	if slices.ContainsFunc(results, func(r result) bool { return r.err != nil }) {
+		return redisAt(r) + " failed"
+	}
+	return "stopped"
+}
+
+// connectAndLoad connects to Redis and enqueues tasks, with progress on stderr if
+// asked, and returns every task's result and how long enqueueing took. It
+// fails only when Redis cannot be reached at all: nothing was enqueued.
+func connectAndLoad(cmd *cobra.Command, r config.Redis, tasks []task, progress bool) ([]result, time.Duration, error) {
+	rdb := newEnqueueClient(r, loadPool)
+	defer rdb.Close()
+	rdb.AddHook(writeHook{})
+	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+	err := rdb.Ping(ctx).Err()
+	cancel()
+	if err != nil {
+		return nil, 0, redisFailed(fmt.Errorf("cannot reach %s: %w; nothing was enqueued", redisAt(r), err))
+	}
+	client := asynq.NewClientFromRedisClient(rdb)
+	defer client.Close()
+	var done atomic.Int64
+	stop := func() {}
+	if progress {
+		stop = showProgress(cmd.ErrOrStderr(), len(tasks), &done)
+	}
+	start := time.Now()
+	results := load(cmd.Context(), client, tasks, &done)
+	elapsed := time.Since(start)
+	stop()
+	return results, elapsed, nil
+}
+
+// warnUnconfigured warns about queues (with their task counts) that
+// config.yaml does not name: workers serve only the queues it names.
+func warnUnconfigured(w io.Writer, f config.File, queues map[string]int) {
+	for _, q := range slices.Sorted(maps.Keys(queues)) {
+		if _, ok := f.Jobs.Queues[q]; !ok {
+			fmt.Fprintf(w, "enqueue: warning: queue %q (%s) is not under queues in the config; no worker serves it until it is\n", q, plural(queues[q], "task"))
+		}
+	}
+}
+
+// plural is n and word, with an s unless n is 1: "1 task", "2 tasks".
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}

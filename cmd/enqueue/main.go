@@ -1,0 +1,156 @@
+// Command enqueue puts tasks into sluice's queues and shows what the queues
+// and workers are doing. It reads the same config.yaml as the workers (and
+// the same SLUICE_* environment overrides).
+//
+//	enqueue [flags] TYPE [PAYLOAD_JSON]       one task (or --count N copies); prints each task id
+//	enqueue [flags] --file tasks.jsonl        one task per line; "-" reads stdin
+//	enqueue status [--watch] [--json]         queues, gates and live workers
+//
+// Input is checked in full before anything is written: a bad type, payload,
+// option or line enqueues nothing. Exit codes: 0 done, 1 Redis failed or
+// Ctrl-C cut a load short (what landed and what did not is reported), 2 bad
+// input or config (nothing was enqueued).
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/sluicehq/sluice/internal/config"
+)
+
+// Exit codes.
+const (
+	exitRedis    = 1 // Redis failed or a load was interrupted: some tasks may be missing
+	exitBadInput = 2 // bad arguments, input or config: nothing was enqueued
+)
+
+// exitError is an error with the exit code it calls for. Errors of other
+// types come from cobra's own checks of flags and arguments: bad input.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// badInput marks err as the user's to fix; nothing was written.
+func badInput(err error) error { return &exitError{exitBadInput, err} }
+
+// redisFailed marks err as Redis's failure.
+func redisFailed(err error) error { return &exitError{exitRedis, err} }
+
+func main() {
+	redis.SetLogger(quietLog{})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the command line args and returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRootCommand(&app{})
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "enqueue: %v\n", err)
+	var e *exitError
+	if errors.As(err, &e) {
+		return e.code
+	}
+	return exitBadInput
+}
+
+// app is what the subcommands share.
+type app struct {
+	configPath string
+}
+
+// newRootCommand returns the command tree. The root command enqueues; every
+// other subcommand is built in its own file and added here with one
+// AddCommand line.
+func newRootCommand(a *app) *cobra.Command {
+	root := newEnqueueCommand(a)
+	root.PersistentFlags().StringVar(&a.configPath, "config", "config.yaml", "the config `file` (SLUICE_* variables override it)")
+	root.SilenceErrors = true // run prints them once, with the exit code
+	root.SilenceUsage = true
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return badInput(fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath()))
+	})
+	root.AddCommand(newStatusCommand(a))
+	return root
+}
+
+// loadConfig reads --config; problems with it are bad input, one line each.
+func (a *app) loadConfig() (config.File, error) {
+	f, err := config.Load(a.configPath)
+	var problems *config.Problems
+	if errors.As(err, &problems) {
+		return f, badInput(problems)
+	}
+	if err != nil {
+		return f, badInput(err)
+	}
+	return f, nil
+}
+
+// newEnqueueClient connects to Redis as r says, for enqueueing: with a
+// connection for each of pool goroutines, and without go-redis's retries.
+// A retried call hides what became of the first attempt (a reply lost
+// after the server ran the script, then "connection refused"), which
+// would make the report of what landed wrong; see writeProbe.
+func newEnqueueClient(r config.Redis, pool int) redis.UniversalClient {
+	var tlsConfig *tls.Config
+	if r.TLS {
+		// As config.Redis.Client: the server name comes from each address.
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	const noRetries = -1
+	if len(r.Cluster) > 0 {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: tlsConfig,
+			PoolSize: pool, MaxRetries: noRetries, DialerRetries: 1,
+		})
+	}
+	return redis.NewClient(&redis.Options{
+		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: tlsConfig,
+		PoolSize: pool, MaxRetries: noRetries, DialerRetries: 1,
+	})
+}
+
+// redisAt names the server(s) r points at, for messages.
+func redisAt(r config.Redis) string {
+	if len(r.Cluster) > 0 {
+		return fmt.Sprintf("the Redis Cluster at %v", r.Cluster)
+	}
+	return "Redis at " + r.Addr
+}
+
+// quietLog drops go-redis's log lines ("failed to dial ..."): enqueue
+// reports each failure itself, in its own words.
+type quietLog struct{}
+
+func (quietLog) Printf(context.Context, string, ...any) {}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}

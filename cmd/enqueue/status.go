@@ -1,0 +1,281 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+func newStatusCommand(a *app) *cobra.Command {
+	var watch, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status [--watch] [--json]",
+		Short: "Show the queues, their gates and the live workers",
+		Long: `Show every queue (those in the config and any other asynq knows) with its
+task counts, its drain and the rate its tasks completed at over the last
+minute; every quota with how many events it could admit now; and the live
+workers. --watch refreshes every second until Ctrl-C; --json prints one JSON
+document (with --watch, one per line).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return badInput(fmt.Errorf("status takes no arguments, got %q", args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.status(cmd, watch, asJSON)
+		},
+	}
+	cmd.Flags().BoolVar(&watch, "watch", false, "refresh every second until Ctrl-C")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// snapshot is what status shows.
+type snapshot struct {
+	Time    time.Time      `json:"time"`
+	Queues  []queueStatus  `json:"queues"`
+	Quotas  []gateStatus   `json:"quotas"`
+	Workers []workerStatus `json:"workers"`
+}
+
+type queueStatus struct {
+	Name        string      `json:"name"`
+	Configured  bool        `json:"configured"` // in config.yaml, so workers serve it
+	Paused      bool        `json:"paused"`
+	Pending     int         `json:"pending"`
+	Scheduled   int         `json:"scheduled"`
+	Retry       int         `json:"retry"`
+	Active      int         `json:"active"`
+	Archived    int         `json:"archived"`
+	Aggregating int         `json:"aggregating"`
+	Completed   int         `json:"completed"` // kept for their retention
+	Drain       *gateStatus `json:"drain"`     // null: not rate-limited
+	// RatePerSecond is the rate at which the fleet completed the queue's
+	// tasks over the last minute.
+	RatePerSecond float64 `json:"rate_per_second"`
+}
+
+// gateStatus is a drain or a quota as configured, and its level.
+type gateStatus struct {
+	Name      string `json:"name,omitempty"` // a quota's
+	Algorithm string `json:"algorithm"`
+	Limit     int    `json:"limit"`
+	Period    string `json:"period"`
+	Burst     int    `json:"burst,omitempty"` // the buckets' size
+	Level     int    `json:"level"`           // how many events it could admit now
+	Capacity  int    `json:"capacity"`        // the most it can admit at once
+}
+
+type workerStatus struct {
+	Host        string         `json:"host"`
+	PID         int            `json:"pid"`
+	Concurrency int            `json:"concurrency"`
+	Active      int            `json:"active"` // tasks running now
+	Queues      map[string]int `json:"queues"` // name -> priority
+	Started     time.Time      `json:"started"`
+	Status      string         `json:"status"`
+}
+
+// status prints one snapshot, or one a second with watch until ctx is done.
+func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
+	file, err := a.loadConfig()
+	if err != nil {
+		return err
+	}
+	rdb := file.Redis.Client()
+	defer rdb.Close()
+	inspector := asynq.NewInspectorFromRedisClient(rdb)
+	defer inspector.Close()
+	ctx, out := cmd.Context(), cmd.OutOrStdout()
+	show := func(s snapshot) error {
+		if asJSON {
+			return json.NewEncoder(out).Encode(s) // one line
+		}
+		return printSnapshot(out, s)
+	}
+	if !watch {
+		s, err := takeSnapshot(ctx, rdb, inspector, file.Jobs)
+		if err != nil {
+			return redisFailed(fmt.Errorf("status from %s: %w", redisAt(file.Redis), err))
+		}
+		return show(s)
+	}
+	clear := !asJSON && isTerminal(out)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for first := true; ; first = false {
+		s, err := takeSnapshot(ctx, rdb, inspector, file.Jobs)
+		if ctx.Err() != nil {
+			return nil // Ctrl-C
+		}
+		switch {
+		case clear:
+			fmt.Fprint(out, "\x1b[H\x1b[2J") // home, clear screen
+		case !asJSON && !first:
+			fmt.Fprintln(out)
+		}
+		if err != nil {
+			// Keep watching: Redis may come back.
+			fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: status from %s at %s: %v\n", redisAt(file.Redis), time.Now().Format(time.TimeOnly), err)
+		} else if err := show(s); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// takeSnapshot reads the queues, gates and workers.
+func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asynq.Inspector, cfg jobs.Config) (snapshot, error) {
+	cfg = cfg.Defaults()
+	s := snapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Quotas: []gateStatus{}, Workers: []workerStatus{}}
+	known, err := inspector.Queues()
+	if err != nil {
+		return s, fmt.Errorf("listing queues: %w", err)
+	}
+	levels, err := jobs.Levels(ctx, rdb, cfg)
+	if err != nil {
+		return s, fmt.Errorf("reading gate levels: %w", err)
+	}
+	names := slices.Sorted(maps.Keys(cfg.Queues))
+	for _, q := range slices.Sorted(slices.Values(known)) {
+		if _, ok := cfg.Queues[q]; !ok {
+			names = append(names, q)
+		}
+	}
+	for _, name := range names {
+		q := queueStatus{Name: name}
+		// A configured queue that was never enqueued to is unknown to asynq
+		// (its GetQueueInfo error, NOT_FOUND, is not ErrQueueNotFound): all zero.
+		if slices.Contains(known, name) {
+			info, err := inspector.GetQueueInfo(name)
+			if err != nil {
+				return s, fmt.Errorf("queue %q: %w", name, err)
+			}
+			q.Paused, q.Pending, q.Scheduled, q.Retry = info.Paused, info.Pending, info.Scheduled, info.Retry
+			q.Active, q.Archived, q.Aggregating, q.Completed = info.Active, info.Archived, info.Aggregating, info.Completed
+		}
+		if qc, ok := cfg.Queues[name]; ok {
+			q.Configured = true
+			if qc.Drain != nil {
+				g := newGateStatus("", *qc.Drain, levels["drain:"+name])
+				q.Drain = &g
+			}
+		}
+		rate, err := jobs.RecentRate(ctx, rdb, name)
+		if err != nil {
+			return s, fmt.Errorf("queue %q: rate: %w", name, err)
+		}
+		q.RatePerSecond = rate
+		s.Queues = append(s.Queues, q)
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Quotas)) {
+		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels["quota:"+name]))
+	}
+	servers, err := inspector.Servers()
+	if err != nil {
+		return s, fmt.Errorf("listing workers: %w", err)
+	}
+	for _, srv := range servers {
+		s.Workers = append(s.Workers, workerStatus{
+			Host: srv.Host, PID: srv.PID, Concurrency: srv.Concurrency, Active: len(srv.ActiveWorkers),
+			Queues: srv.Queues, Started: srv.Started.UTC(), Status: srv.Status,
+		})
+	}
+	slices.SortFunc(s.Workers, func(a, b workerStatus) int {
+		if c := strings.Compare(a.Host, b.Host); c != 0 {
+			return c
+		}
+		return a.PID - b.PID
+	})
+	return s, nil
+}
+
+func newGateStatus(name string, l jobs.LimitConfig, level int) gateStatus {
+	g := gateStatus{Name: name, Algorithm: l.Algorithm, Limit: l.Limit, Period: shortDuration(l.Period), Level: level, Capacity: l.Limit}
+	switch throttle.Algorithm(l.Algorithm) {
+	case throttle.TokenBucket, throttle.LeakyBucket:
+		g.Burst = l.Burst
+		if g.Burst == 0 {
+			g.Burst = l.Limit // throttle.Spec: 0 means Limit
+		}
+		g.Capacity = g.Burst
+	}
+	return g
+}
+
+// describe shows a gate in one cell: "leaky_bucket 20/1s burst 1".
+func (g gateStatus) describe() string {
+	s := fmt.Sprintf("%s %d/%s", g.Algorithm, g.Limit, g.Period)
+	if g.Burst > 0 {
+		s += fmt.Sprintf(" burst %d", g.Burst)
+	}
+	return s
+}
+
+// shortDuration drops String's zero units: 1m, not 1m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+func printSnapshot(w io.Writer, s snapshot) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "QUEUES at %s\n", s.Time.Local().Format(time.DateTime))
+	fmt.Fprintln(tw, "QUEUE\tPENDING\tSCHEDULED\tRETRY\tACTIVE\tARCHIVED\tDONE/S (1m)\tDRAIN\tCAN ADMIT NOW")
+	for _, q := range s.Queues {
+		name, drain, level := q.Name, "none", "-"
+		if q.Paused {
+			name += " (paused)"
+		}
+		switch {
+		case !q.Configured:
+			drain = "not in config: no worker serves it"
+		case q.Drain != nil:
+			drain = q.Drain.describe()
+			level = fmt.Sprintf("%d of %d", q.Drain.Level, q.Drain.Capacity)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.2f\t%s\t%s\n", name, q.Pending, q.Scheduled, q.Retry, q.Active, q.Archived, q.RatePerSecond, drain, level)
+	}
+	fmt.Fprintln(tw)
+	if len(s.Quotas) > 0 {
+		fmt.Fprintln(tw, "QUOTA\tLIMIT\tCAN ADMIT NOW")
+		for _, g := range s.Quotas {
+			fmt.Fprintf(tw, "%s\t%s\t%d of %d\n", g.Name, g.describe(), g.Level, g.Capacity)
+		}
+		fmt.Fprintln(tw)
+	}
+	if len(s.Workers) == 0 {
+		fmt.Fprintln(tw, "WORKERS: none live")
+		return tw.Flush()
+	}
+	fmt.Fprintln(tw, "WORKER HOST\tPID\tCONCURRENCY\tACTIVE\tSTARTED\tUP\tSTATUS")
+	for _, wk := range s.Workers {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", wk.Host, wk.PID, wk.Concurrency, wk.Active,
+			wk.Started.Local().Format(time.DateTime), s.Time.Sub(wk.Started).Truncate(time.Second), wk.Status)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,368 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// taskLine is one task as a line of --file spells it:
+//
+//	{"type": "http:request", "payload": {"url": "https://example.com/"}, "queue": "emails", "options": {"max_retry": 3}}
+//
+// Only type is required; queue defaults to --queue.
+type taskLine struct {
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload"`
+	Queue   *string         `json:"queue"`
+	Options json.RawMessage `json:"options"`
+}
+
+// optionValues are a task's options as written, by flags (--max-retry) or
+// in a line's options (max_retry); nil is not set. Durations are strings
+// with a unit ("30s"), times RFC 3339 ("2030-01-02T15:04:05Z").
+type optionValues struct {
+	ProcessIn *string `json:"process_in"`
+	ProcessAt *string `json:"process_at"`
+	MaxRetry  *int    `json:"max_retry"`
+	Timeout   *string `json:"timeout"`
+	Deadline  *string `json:"deadline"`
+	Unique    *string `json:"unique"`
+	TaskID    *string `json:"task_id"`
+	Retention *string `json:"retention"`
+	Group     *string `json:"group"`
+}
+
+var (
+	lineKeys   = jsonKeys[taskLine]()
+	optionKeys = jsonKeys[optionValues]()
+)
+
+// over returns v with every option that line sets taken from line. The
+// time to run is one setting: a line's process_in replaces a flag's
+// --process-at and the other way round.
+func (v optionValues) over(line optionValues) optionValues {
+	if line.ProcessIn != nil || line.ProcessAt != nil {
+		v.ProcessIn, v.ProcessAt = nil, nil
+	}
+	base, top := reflect.ValueOf(&v).Elem(), reflect.ValueOf(line)
+	for i := range top.NumField() {
+		if !top.Field(i).IsNil() {
+			base.Field(i).Set(top.Field(i))
+		}
+	}
+	return v
+}
+
+// taskOptions are checked options.
+type taskOptions struct {
+	opts   []asynq.Option
+	taskID string // "" unless set
+}
+
+// check checks v at now and returns its asynq options, or one error per
+// problem, each naming its key as spell spells it (--max-retry or
+// options.max_retry).
+func (v optionValues) check(spell func(key string) string, now time.Time) (taskOptions, []error) {
+	var o taskOptions
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", spell(key), fmt.Sprintf(format, args...)))
+	}
+	duration := func(key string, s *string, min time.Duration, wholeSeconds bool) (time.Duration, bool) {
+		if s == nil {
+			return 0, false
+		}
+		d, err := time.ParseDuration(*s)
+		switch {
+		case err != nil:
+			bad(key, "must be a duration with a unit, like 30s, 5m or 2h, got %q", *s)
+		case d < 0:
+			bad(key, "must not be negative, got %v", d)
+		case d < min:
+			bad(key, "must be at least %v, got %v", min, d)
+		case wholeSeconds && d%time.Second != 0:
+			// asynq keeps it in whole seconds and would cut it short.
+			bad(key, "must be a whole number of seconds (asynq keeps seconds), got %v", d)
+		default:
+			return d, true
+		}
+		return 0, false
+	}
+	instant := func(key string, s *string) (time.Time, bool) {
+		if s == nil {
+			return time.Time{}, false
+		}
+		t, err := time.Parse(time.RFC3339, *s)
+		if err != nil {
+			bad(key, "must be an RFC 3339 time, like 2030-01-02T15:04:05Z or 2030-01-02T16:04:05+01:00, got %q", *s)
+			return time.Time{}, false
+		}
+		return t, true
+	}
+	name := func(key string, s *string) (string, bool) {
+		if s == nil {
+			return "", false
+		}
+		if err := checkName(*s); err != nil {
+			bad(key, "%v", err)
+			return "", false
+		}
+		return *s, true
+	}
+
+	if v.ProcessIn != nil && v.ProcessAt != nil {
+		bad("process_in", "cannot be used with %s: both say when the task runs; give one", spell("process_at"))
+	} else if d, ok := duration("process_in", v.ProcessIn, 0, false); ok {
+		o.opts = append(o.opts, asynq.ProcessIn(d))
+	} else if t, ok := instant("process_at", v.ProcessAt); ok {
+		o.opts = append(o.opts, asynq.ProcessAt(t))
+	}
+	if v.MaxRetry != nil {
+		if *v.MaxRetry < 0 {
+			bad("max_retry", "must be >= 0, got %d", *v.MaxRetry)
+		} else {
+			o.opts = append(o.opts, asynq.MaxRetry(*v.MaxRetry))
+		}
+	}
+	if d, ok := duration("timeout", v.Timeout, time.Second, true); ok {
+		o.opts = append(o.opts, asynq.Timeout(d))
+	}
+	if t, ok := instant("deadline", v.Deadline); ok {
+		if !t.After(now) {
+			bad("deadline", "%s is not in the future: the task could never run", *v.Deadline)
+		} else {
+			o.opts = append(o.opts, asynq.Deadline(t))
+		}
+	}
+	if d, ok := duration("unique", v.Unique, time.Second, true); ok {
+		o.opts = append(o.opts, asynq.Unique(d))
+	}
+	if id, ok := name("task_id", v.TaskID); ok {
+		o.opts = append(o.opts, asynq.TaskID(id))
+		o.taskID = id
+	}
+	if d, ok := duration("retention", v.Retention, 0, true); ok {
+		o.opts = append(o.opts, asynq.Retention(d))
+	}
+	if g, ok := name("group", v.Group); ok {
+		o.opts = append(o.opts, asynq.Group(g))
+	}
+	return o, errs
+}
+
+// task is one checked task, ready to enqueue.
+type task struct {
+	line   int // its line in --file, or its copy number with --count
+	queue  string
+	taskID string // "" unless set
+	task   *asynq.Task
+	opts   []asynq.Option // the queue's included
+}
+
+// newTask checks typ and payload and returns the task. An empty payload
+// is none.
+func newTask(typ string, payload []byte, queue string, o taskOptions) (task, error) {
+	t, ok := jobs.LookupType(typ)
+	if !ok {
+		return task{}, fmt.Errorf("unknown task type %q; known types are %s", typ, knownTypes())
+	}
+	if len(bytes.TrimSpace(payload)) == 0 {
+		payload = nil
+	}
+	if err := t.Validate(payload); err != nil {
+		return task{}, err
+	}
+	if payload != nil {
+		// Compact, so that equal payloads are equal bytes (--unique).
+		var b bytes.Buffer
+		if err := json.Compact(&b, payload); err != nil {
+			return task{}, fmt.Errorf("%s: payload: %w", typ, err)
+		}
+		payload = b.Bytes()
+	}
+	opts := append(slices.Clip(o.opts), asynq.Queue(queue))
+	return task{queue: queue, taskID: o.taskID, task: asynq.NewTask(typ, payload), opts: opts}, nil
+}
+
+func knownTypes() string {
+	var names []string
+	for _, t := range jobs.Types() {
+		names = append(names, t.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// lineDefaults are what the flags give every line of --file.
+type lineDefaults struct {
+	queue   string
+	options optionValues // checked already
+}
+
+// decodeLine decodes and checks one line of --file at now.
+func decodeLine(data []byte, d lineDefaults, now time.Time) (task, error) {
+	var l taskLine
+	if err := decodeStrict(data, &l, "", lineKeys, "unknown key %q; the keys of a line are %s"); err != nil {
+		return task{}, err
+	}
+	if l.Type == "" {
+		return task{}, errors.New(`"type" is required: a task type, one of ` + knownTypes())
+	}
+	queue := d.queue
+	if l.Queue != nil {
+		if err := checkQueue(*l.Queue); err != nil {
+			return task{}, fmt.Errorf("queue: %w", err)
+		}
+		queue = *l.Queue
+	}
+	var line optionValues
+	if len(l.Options) > 0 && string(l.Options) != "null" {
+		if err := decodeStrict(l.Options, &line, "options", optionKeys, "unknown option %q; options are %s"); err != nil {
+			return task{}, err
+		}
+	}
+	o, errs := d.options.over(line).check(func(key string) string { return "options." + key }, now)
+	if len(errs) > 0 {
+		return task{}, errors.Join(errs...)
+	}
+	payload := l.Payload
+	if string(payload) == "null" {
+		payload = nil
+	}
+	return newTask(l.Type, payload, queue, o)
+}
+
+// decodeStrict decodes data, one JSON object, into v, refusing unknown keys
+// and data after the object. Its errors name the byte at fault, or the key
+// prefixed with at (options.max_retry); an unknown key is reported with
+// unknown, given the key and the known keys.
+func decodeStrict(data []byte, v any, at string, known []string, unknown string) error {
+	key := func(field string) string {
+		if at == "" {
+			return field
+		}
+		if field == "" {
+			return at
+		}
+		return at + "." + field
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case err == io.EOF:
+		return errors.New("empty, want a JSON object")
+	case err == io.ErrUnexpectedEOF:
+		return fmt.Errorf("invalid JSON at byte %d: unexpected end of line", len(data))
+	case errors.As(err, &syntax):
+		return fmt.Errorf("invalid JSON at byte %d: %s", syntax.Offset, strings.TrimPrefix(syntax.Error(), "json: "))
+	case errors.As(err, &typ) && typ.Field == "":
+		return fmt.Errorf("%swant a JSON object, got %s", prefix(key("")), typ.Value)
+	case errors.As(err, &typ):
+		return fmt.Errorf("%s: want %s, got %s", key(typ.Field), want(typ.Field, typ.Type), typ.Value)
+	case err != nil:
+		// An unknown key: the decoder says which only in its message, so
+		// find the keys again.
+		var m map[string]json.RawMessage
+		if json.Unmarshal(data, &m) == nil {
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				if !slices.Contains(known, k) {
+					return fmt.Errorf("%s"+unknown, prefix(key("")), k, strings.Join(known, ", "))
+				}
+			}
+		}
+		return fmt.Errorf("%s%v", prefix(key("")), err)
+	}
+	if rest := bytes.TrimLeft(data[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
+		return fmt.Errorf("invalid JSON at byte %d: data after the object (one task per line)", len(data)-len(rest))
+	}
+	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+		return fmt.Errorf("%swant a JSON object, got null", prefix(key("")))
+	}
+	return nil
+}
+
+func prefix(key string) string {
+	if key == "" {
+		return ""
+	}
+	return key + ": "
+}
+
+// want says what the JSON value of field, of Go type t, must be.
+func want(field string, t reflect.Type) string {
+	switch field {
+	case "process_in", "timeout", "unique", "retention":
+		return `a duration string with a unit, like "30s"`
+	case "process_at", "deadline":
+		return `an RFC 3339 time string, like "2030-01-02T15:04:05Z"`
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int:
+		return "a whole number"
+	case reflect.String:
+		return "a string"
+	}
+	return "a JSON " + t.String()
+}
+
+// jsonKeys lists the JSON keys of struct type T in order.
+func jsonKeys[T any]() []string {
+	var keys []string
+	for f := range reflect.TypeFor[T]().Fields() {
+		keys = append(keys, strings.Split(f.Tag.Get("json"), ",")[0])
+	}
+	return keys
+}
+
+// checkQueue says what is wrong with a queue name, if anything. asynq
+// takes any name, but config.yaml can only name queues whose names are
+// lower case, and a brace would move the queue's keys to another Redis
+// Cluster slot than its hash tag says.
+func checkQueue(name string) error {
+	switch {
+	case name == "":
+		return errors.New("must not be empty")
+	case len(name) > 100:
+		return fmt.Errorf("%q is %d bytes long; queue names are at most 100", name, len(name))
+	case name != strings.ToLower(name):
+		return fmt.Errorf("%q: queue names must be lower case (config.yaml cannot name it, so no worker would serve it); did you mean %q?", name, strings.ToLower(name))
+	case strings.Contains(name, "::") || strings.HasSuffix(name, ":"):
+		return fmt.Errorf("%q: queue names must not contain \"::\" or end in \":\" (config.yaml cannot name it)", name)
+	}
+	for _, r := range name {
+		if !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || strings.ContainsRune(".-_:", r)) {
+			return fmt.Errorf("%q: queue names are lower-case letters, digits, '.', '-', '_' and ':'; %q is not allowed", name, r)
+		}
+	}
+	return nil
+}
+
+// checkName checks a task id or group name: asynq refuses blank ones, and
+// control characters would garble every listing of them.
+func checkName(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return fmt.Errorf("must not be empty or blank, got %q", s)
+	}
+	if strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return fmt.Errorf("must not contain control characters, got %q", s)
+	}
+	return nil
+}
