@@ -5,6 +5,7 @@
 //	enqueue [flags] TYPE [PAYLOAD_JSON]       one task (or --count N copies); prints each task id
 //	enqueue [flags] --file tasks.jsonl        one task per line; "-" reads stdin
 //	enqueue status [--watch] [--json]         queues, gates and live workers
+//	enqueue serve [--listen HOST:PORT]        the HTTP intake: POST /v1/tasks
 //
 // Input is checked in full before anything is written: a bad type, payload,
 // option or line enqueues nothing. Exit codes: 0 done, 1 Redis failed or
@@ -95,6 +96,7 @@ func newRootCommand(a *app) *cobra.Command {
 		return badInput(fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath()))
 	})
 	root.AddCommand(newStatusCommand(a))
+	root.AddCommand(newServeCommand(a))
 	return root
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -82,9 +83,18 @@ func (b *banner) check(ctx context.Context, id string) (time.Duration, error) {
 }
 
 // refused counts a refusal of id and bans id if it was the After-th within
-// Within: it returns the new ban's length, 0 if there is none.
+// Within: it returns the new ban's length, 0 if there is none. Refusals
+// are counted afresh after each ban (under the number of strikes id has),
+// so that a client that goes on after its ban is banned again, for longer,
+// once it has been refused After more times.
 func (b *banner) refused(ctx context.Context, id string) (time.Duration, error) {
-	d, err := b.refusals.AllowN(ctx, id, 1)
+	counter, _ := throttle.AsReserver(b.strikes)
+	level, err := counter.Peek(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	generation := strconv.Itoa(b.maxStrikes - level.Remaining)
+	d, err := b.refusals.AllowN(ctx, id+"#"+generation, 1)
 	if err != nil || !d.Allowed || d.Remaining > 0 {
 		return 0, err
 	}
