@@ -141,6 +141,7 @@ type ParamError struct {
 	Problem string // "must be > 0, got -3"
 }
 
+// Error implements error.
 func (e *ParamError) Error() string { return e.Field + " " + e.Problem }
 
 // Check reports the first way in which p cannot be run exactly by a.

@@ -50,6 +50,7 @@ type UpstreamBusyError struct {
 	RetryAfter time.Duration
 }
 
+// Error implements error.
 func (e *UpstreamBusyError) Error() string {
 	return fmt.Sprintf("upstream busy: %d %s, retry after %v", e.Status, http.StatusText(e.Status), e.RetryAfter)
 }

@@ -102,10 +102,12 @@ type SpecError struct {
 	Problem string // what is wrong with it and what would be right
 }
 
+// Error implements error.
 func (e *SpecError) Error() string {
 	return fmt.Sprintf("%v: Spec.%s %s", ErrInvalidSpec, e.Field, e.Problem)
 }
 
+// Unwrap returns ErrInvalidSpec.
 func (e *SpecError) Unwrap() error { return ErrInvalidSpec }
 
 // compiled is a validated Spec in the units the algorithms use.

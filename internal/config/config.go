@@ -135,6 +135,7 @@ type Problems struct {
 	Errs []error
 }
 
+// Error lists every problem, one a line.
 func (p *Problems) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "config: %s has %d problem(s):", p.Path, len(p.Errs))
@@ -145,6 +146,7 @@ func (p *Problems) Error() string {
 	return b.String()
 }
 
+// Unwrap returns the problems, for errors.Is and errors.As.
 func (p *Problems) Unwrap() []error { return p.Errs }
 
 // Load reads the config file at path, applies the SLUICE_* environment and

@@ -1,0 +1,96 @@
+package jobs_test
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// TestRedisUnreachable: the queues are on a real redis-server, but the
+// Redis that holds the limits cannot be reached (a closed port). Each gate
+// does what its on_redis_error says, and counts it.
+func TestRedisUnreachable(t *testing.T) {
+	cases := []struct {
+		desc   string
+		policy string
+		check  func(t *testing.T, runs []time.Time)
+	}{
+		{"deny holds every task", jobs.OnRedisErrorDeny, func(t *testing.T, runs []time.Time) {
+			if len(runs) != 0 {
+				t.Fatalf("%d tasks ran through a gate whose policy is deny", len(runs))
+			}
+		}},
+		{"allow lets every task through", jobs.OnRedisErrorAllow, func(t *testing.T, runs []time.Time) {
+			if len(runs) != 20 {
+				t.Fatalf("%d of 20 tasks ran through a gate whose policy is allow", len(runs))
+			}
+		}},
+		{"local limits in process", jobs.OnRedisErrorLocal, func(t *testing.T, runs []time.Time) {
+			// 5/s with burst 1 for this worker (or less, if the fleet it sees
+			// is larger): in 3 s, at most 1 + 3*5 tasks.
+			if len(runs) == 0 || len(runs) > 16 {
+				t.Fatalf("%d tasks ran in 3s through a local twin of 5/s", len(runs))
+			}
+			if most := maxInWindow(runs, time.Second); most > 6 {
+				t.Fatalf("%d tasks within one second through a local twin of 5/s", most)
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.desc, func(t *testing.T) {
+			queue := uniqueQueue(t)
+			cfg := jobs.Config{
+				Worker: jobs.WorkerConfig{Concurrency: 10},
+				Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: 5, Period: time.Second, Burst: 1, OnRedisError: c.policy}}},
+			}
+			dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+			t.Cleanup(func() { dead.Close() })
+			opt := asynq.RedisClientOpt{Addr: redistest.Addr(t)}
+			reg := prometheus.NewRegistry()
+			sched, err := jobs.NewScheduler(dead, opt, cfg, jobs.NewMetrics(reg), slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := &recorder{runs: map[string][]time.Time{}}
+			mux := asynq.NewServeMux()
+			mux.Use(sched.Middleware)
+			mux.Handle("test:record", rec)
+			srvCfg := sched.AsynqConfig()
+			srvCfg.ShutdownTimeout = time.Second // deny holds its tasks until then
+			srv := asynq.NewServer(opt, srvCfg)
+			if err := srv.Start(mux); err != nil {
+				t.Fatal(err)
+			}
+			enqueue(t, queue, 20)
+			time.Sleep(3 * time.Second)
+			srv.Shutdown()
+			sched.Close()
+
+			c.check(t, rec.starts())
+			if n := counterSum(t, reg, "sluice_policy_fallbacks_total"); n == 0 {
+				t.Fatal("no fallback counted in sluice_policy_fallbacks_total")
+			}
+			if n := counterSum(t, reg, "sluice_redis_errors_total"); n == 0 {
+				t.Fatal("no Redis error counted in sluice_redis_errors_total")
+			}
+			// Tasks held by deny are still in the queue, not lost.
+			inspector := asynq.NewInspector(opt)
+			defer inspector.Close()
+			info, err := inspector.GetQueueInfo(queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if left := info.Pending + info.Active + info.Scheduled + info.Retry; left+len(rec.starts()) != 20 || info.Archived != 0 {
+				t.Fatalf("%d ran, %d left, %d archived: want the 20 tasks run or still queued", len(rec.starts()), left, info.Archived)
+			}
+		})
+	}
+}
