@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -39,7 +40,7 @@ func TestRedisUnreachable(t *testing.T) {
 			if len(runs) == 0 || len(runs) > 16 {
 				t.Fatalf("%d tasks ran in 3s through a local twin of 5/s", len(runs))
 			}
-			if most := maxInWindow(runs, time.Second); most > 6 {
+			if most := testkit.MaxInWindow(runs, time.Second); most > 6 {
 				t.Fatalf("%d tasks within one second through a local twin of 5/s", most)
 			}
 		}},

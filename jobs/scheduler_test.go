@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -88,17 +89,6 @@ func enqueue(t *testing.T, queue string, n int, opts ...asynq.Option) {
 	}
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, done func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !done() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestDrainGateSpacesTasks: 60 tasks with MaxRetry 0 through a drain of
 // 20/s, burst 1, on two workers: every task runs once, none is
 // archived or failed, no second holds more than 21, and each costs one
@@ -113,14 +103,14 @@ func TestDrainGateSpacesTasks(t *testing.T) {
 	_, reg := fleet(t, cfg, 2, rec)
 	const tasks = 60
 	enqueue(t, queue, tasks, asynq.MaxRetry(0))
-	waitFor(t, 15*time.Second, "all tasks to run", func() bool { return len(rec.starts()) >= tasks })
+	testkit.WaitFor(t, 15*time.Second, "all tasks to run", func() bool { return len(rec.starts()) >= tasks })
 	time.Sleep(200 * time.Millisecond)
 
 	starts := rec.starts()
 	if len(starts) != tasks || len(rec.runs) != tasks {
 		t.Fatalf("%d runs of %d distinct tasks, want %d of %d", len(starts), len(rec.runs), tasks, tasks)
 	}
-	if most := maxInWindow(starts, time.Second); most > 21 {
+	if most := testkit.MaxInWindow(starts, time.Second); most > 21 {
 		t.Errorf("%d tasks ran within one second, want at most 21", most)
 	}
 	rate := float64(tasks-1) / starts[len(starts)-1].Sub(starts[0]).Seconds()
@@ -141,19 +131,6 @@ func TestDrainGateSpacesTasks(t *testing.T) {
 		t.Errorf("%.2f limiter calls per task, want at most 1.2", per)
 	}
 	t.Logf("rate %.3f/s, %.2f limiter calls per task", rate, evaluations/tasks)
-}
-
-// maxInWindow is the most of the sorted times that fall in any window of
-// length d.
-func maxInWindow(times []time.Time, d time.Duration) int {
-	most, first := 0, 0
-	for last := range times {
-		for times[last].Sub(times[first]) >= d {
-			first++
-		}
-		most = max(most, last-first+1)
-	}
-	return most
 }
 
 // counterSum adds up a counter family in reg.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // TestDrainAccuracy: one queue drains at 20/s (leaky bucket, burst 1)
@@ -30,12 +32,12 @@ http: {allow: [127.0.0.1]}
 				fleet = append(fleet, startWorker(t, config))
 			}
 			enqueueRequests(t, u, queue, "drain", tasks)
-			waitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
+			testkit.WaitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
 			time.Sleep(500 * time.Millisecond) // let any duplicate show itself
 
 			arrivals := u.arrivals()
 			rate := float64(len(arrivals)-1) / arrivals[len(arrivals)-1].Sub(arrivals[0]).Seconds()
-			most := maxInWindow(arrivals, time.Second)
+			most := testkit.MaxInWindow(arrivals, time.Second)
 			var evaluations, done float64
 			for _, w := range fleet {
 				evaluations += w.counter(t, "sluice_gate_evaluations_total")

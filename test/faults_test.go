@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -34,11 +35,11 @@ http: {allow: [127.0.0.1]}
 		fleet = append(fleet, startWorker(t, config))
 	}
 	enqueueRequests(t, u, queue, "r", tasks)
-	waitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 60 })
+	testkit.WaitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 60 })
 	if err := fleet[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
+	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
 	time.Sleep(time.Second)
 	dups := len(u.arrivals()) - u.distinct()
 	t.Logf("%d tasks, %d requests, %d run twice", tasks, len(u.arrivals()), dups)
@@ -74,11 +75,11 @@ http: {allow: [127.0.0.1]}
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 40 })
+	testkit.WaitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 40 })
 	srv.kill(t)
 	time.Sleep(time.Second)
 	srv.start(t)
-	waitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
+	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
 	t.Logf("%d tasks, %d requests", tasks, len(u.arrivals()))
 }
 
@@ -114,7 +115,7 @@ func (s *redisServer) start(t *testing.T) {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "redis-server to listen", func() bool {
+	testkit.WaitFor(t, 10*time.Second, "redis-server to listen", func() bool {
 		c, err := net.Dial("tcp", s.addr)
 		if err == nil {
 			c.Close()

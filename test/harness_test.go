@@ -240,18 +240,6 @@ func enqueueRequests(t *testing.T, u *upstream, queue, prefix string, n int) {
 	}
 }
 
-// waitFor polls done until it holds or d has passed.
-func waitFor(t *testing.T, d time.Duration, what string, done func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !done() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v waiting for %s", d, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // queueName is a queue of the test's own, so that tests sharing the Redis
 // server never see each other's tasks.
 func queueName(t *testing.T, suffix string) string {
@@ -269,19 +257,6 @@ func queueState(t *testing.T, queue string) *asynq.QueueInfo {
 		t.Fatal(err)
 	}
 	return info
-}
-
-// maxInWindow is the most of the sorted times that fall in any window of
-// length d.
-func maxInWindow(times []time.Time, d time.Duration) int {
-	most, first := 0, 0
-	for last := range times {
-		for times[last].Sub(times[first]) >= d {
-			first++
-		}
-		most = max(most, last-first+1)
-	}
-	return most
 }
 
 func redisAddr(t *testing.T) string { return redistest.Addr(t) }

@@ -18,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // intake is a running `enqueue serve`.
@@ -51,7 +52,7 @@ func startIntake(t *testing.T, gateway string) *intakeServer {
 		}
 	})
 	s := &intakeServer{url: "http://" + addr}
-	waitFor(t, 15*time.Second, "enqueue serve to answer", func() bool {
+	testkit.WaitFor(t, 15*time.Second, "enqueue serve to answer", func() bool {
 		resp, err := http.Get(s.url + "/healthz")
 		if err == nil {
 			resp.Body.Close()

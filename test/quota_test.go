@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // within is the measurement tolerance of request arrival times at the
@@ -41,7 +43,7 @@ http: {allow: [127.0.0.1]}
 		enqueueRequests(t, u, q, q, perQueue)
 	}
 	total := 3 * perQueue
-	waitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= total })
+	testkit.WaitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= total })
 	time.Sleep(300 * time.Millisecond)
 
 	arrivals := u.arrivals()
@@ -95,7 +97,7 @@ http: {allow: [127.0.0.1]}
 	}
 	enqueueRequests(t, u, queue, "r", tasks)
 	// One more request than tasks: the one answered 429 runs again.
-	waitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks+1 })
+	testkit.WaitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks+1 })
 	arrivals := u.arrivals()
 	if u.distinct() != tasks {
 		t.Fatalf("%d distinct tasks reached the API, want %d", u.distinct(), tasks)
@@ -135,7 +137,7 @@ http: {allow: [127.0.0.1]}
 	time.Sleep(1500 * time.Millisecond)
 	changed := time.Now()
 	replace(t, path, config("25"))
-	waitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
+	testkit.WaitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
 	time.Sleep(300 * time.Millisecond)
 
 	arrivals := u.arrivals()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -31,7 +32,7 @@ func denied(remaining int, retry, reset time.Duration) throttle.Decision {
 }
 
 // run walks steps through lim on one key and checks every decision.
-func run(t *testing.T, lim throttle.Limiter, clock *manualClock, steps []step) {
+func run(t *testing.T, lim throttle.Limiter, clock *testkit.Clock, steps []step) {
 	t.Helper()
 	for i, s := range steps {
 		clock.Set(t0.Add(s.at))

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -63,7 +64,7 @@ func TestRedisMatchesLocal(t *testing.T) {
 				for seed := uint64(1); seed <= 12; seed++ {
 					rng := rand.New(rand.NewPCG(seed, uint64(len(a))))
 					spec := randomSpec(rng, a)
-					clock := &manualClock{now: t0.Add(time.Duration(rng.Int64N(int64(time.Hour))))}
+					clock := testkit.NewClock(t0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
 					prefix := redistest.Prefix(t)
 					remote, err := throttle.New(e.rdb, spec, throttle.WithClock(clock), throttle.WithPrefix(prefix))
 					if err != nil {

@@ -2,37 +2,19 @@ package throttle_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
 // t0 is aligned to every period the tests use, so fixed windows and
 // sub-windows start there.
 var t0 = time.Unix(1_800_000_000, 0)
-
-// manualClock is a Clock the test moves by hand.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
 
 // engine builds limiters of one kind. Every test runs on all engines.
 type engine struct {
@@ -69,9 +51,9 @@ func forEach(t *testing.T, body func(t *testing.T, e engine, a throttle.Algorith
 }
 
 // mustLimiter builds a limiter on e with a manual clock set to t0.
-func mustLimiter(t *testing.T, e engine, spec throttle.Spec) (throttle.Limiter, *manualClock) {
+func mustLimiter(t *testing.T, e engine, spec throttle.Spec) (throttle.Limiter, *testkit.Clock) {
 	t.Helper()
-	clock := &manualClock{now: t0}
+	clock := testkit.NewClock(t0)
 	lim, err := e.new(spec, throttle.WithClock(clock))
 	if err != nil {
 		t.Fatalf("%s: %v", e.name, err)

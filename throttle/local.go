@@ -90,10 +90,7 @@ func (l *localLimiter) ReserveN(ctx context.Context, key string, n int, maxWait 
 
 // ReserveAfter implements Reserver.
 func (l *localLimiter) ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error) {
-	if err := l.checkCost(n); err != nil {
-		return Reservation{}, err
-	}
-	if err := l.checkWait(maxWait); err != nil {
+	if err := l.checkReserve(n, maxWait); err != nil {
 		return Reservation{}, err
 	}
 	return reservation(l.reserve(key, n, unixMicros(notBefore), maxWait.Microseconds()), n), nil

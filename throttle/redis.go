@@ -74,10 +74,7 @@ func (l *redisLimiter) ReserveN(ctx context.Context, key string, n int, maxWait 
 
 // ReserveAfter implements Reserver.
 func (l *redisLimiter) ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error) {
-	if err := l.checkCost(n); err != nil {
-		return Reservation{}, err
-	}
-	if err := l.checkWait(maxWait); err != nil {
+	if err := l.checkReserve(n, maxWait); err != nil {
 		return Reservation{}, err
 	}
 	r, err := l.algorithm.Script.Reserve(ctx, l.rdb, l.call(key, n), unixMicros(notBefore), maxWait.Microseconds())

@@ -70,11 +70,11 @@ func AsReserver(lim Limiter) (Reserver, bool) {
 	return r, ok
 }
 
-func (c compiled) checkWait(maxWait time.Duration) error {
+func (c compiled) checkReserve(n int, maxWait time.Duration) error {
 	if maxWait < 0 {
 		return fmt.Errorf("%w: maxWait must be >= 0, got %v", ErrInvalidCost, maxWait)
 	}
-	return nil
+	return c.checkCost(n)
 }
 
 func (c compiled) checkReservation(r Reservation) error {

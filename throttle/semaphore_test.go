@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -16,7 +17,7 @@ func TestSemaphore(t *testing.T) {
 	ctx := context.Background()
 	for _, e := range engines(t)[1:] {
 		t.Run(e.name, func(t *testing.T) {
-			clock := &manualClock{now: t0}
+			clock := testkit.NewClock(t0)
 			sem, err := throttle.NewSemaphore(e.rdb, 3, 10*time.Second, throttle.WithClock(clock), throttle.WithPrefix(redistest.Prefix(t)))
 			if err != nil {
 				t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -31,6 +32,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
 )
 
 // section is one part of the output. Add new ones to sections.
@@ -187,15 +190,7 @@ func (b *bench) deleteKeys() {
 
 // grouped formats x rounded to an integer with thousands separators: 41,230.
 func grouped(x float64) string {
-	digits := strconv.FormatInt(int64(x+0.5), 10)
-	var b strings.Builder
-	for i, d := range digits {
-		if i > 0 && (len(digits)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(d)
-	}
-	return b.String()
+	return message.NewPrinter(language.English).Sprintf("%d", int64(math.Round(x)))
 }
 
 // recorder is a go-redis hook that keeps the last script call (EVALSHA or

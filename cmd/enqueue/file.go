@@ -6,13 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+	"golang.org/x/text/language"
+	"golang.org/x/text/message"
 )
 
 const (
@@ -146,13 +148,5 @@ func showProgress(w io.Writer, total int, done *atomic.Int64) (stop func()) {
 
 // grouped formats x rounded to an integer with thousands separators: 41,230.
 func grouped(x float64) string {
-	digits := strconv.FormatInt(int64(x+0.5), 10)
-	var b strings.Builder
-	for i, d := range digits {
-		if i > 0 && (len(digits)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(d)
-	}
-	return b.String()
+	return message.NewPrinter(language.English).Sprintf("%d", int64(math.Round(x)))
 }

@@ -16,36 +16,19 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
 // t0 is aligned to every period the tests use.
 var t0 = time.Unix(1_800_000_000, 0)
 
-// manualClock is a throttle.Clock the test moves by hand.
-type manualClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *manualClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // fixture is a Limiter on Redis with a manual clock, in front of a handler
 // that answers 200 and counts the requests it sees.
 type fixture struct {
 	lim    *Limiter
 	prefix string
-	clock  *manualClock
+	clock  *testkit.Clock
 	h      http.Handler
 	served int
 	mu     sync.Mutex
@@ -54,7 +37,7 @@ type fixture struct {
 func newFixture(t *testing.T, rdb redis.UniversalClient, cfg Config, opts ...Option) *fixture {
 	t.Helper()
 	cfg.Prefix = redistest.Prefix(t)
-	f := &fixture{prefix: cfg.Prefix, clock: &manualClock{now: t0}}
+	f := &fixture{prefix: cfg.Prefix, clock: testkit.NewClock(t0)}
 	opts = append([]Option{
 		WithClock(f.clock),
 		WithRegisterer(prometheus.NewRegistry()),

@@ -1,0 +1,65 @@
+// Package testkit holds what tests across sluice's packages share beyond
+// Redis (see redistest): a clock they move by hand, polling for a
+// condition, and measuring a timeline.
+package testkit
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// Clock is a throttle.Clock that stands where the test puts it.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a Clock at t.
+func NewClock(t time.Time) *Clock { return &Clock{now: t} }
+
+// Now returns the time the test set.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+// Add moves the clock by d.
+func (c *Clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// WaitFor polls done every 20ms until it holds, or fails the test after d.
+func WaitFor(tb testing.TB, d time.Duration, what string, done func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !done() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("gave up after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// MaxInWindow is the most of the sorted times that fall in any window of
+// length d.
+func MaxInWindow(times []time.Time, d time.Duration) int {
+	most, first := 0, 0
+	for last := range times {
+		for times[last].Sub(times[first]) >= d {
+			first++
+		}
+		most = max(most, last-first+1)
+	}
+	return most
+}
