@@ -235,21 +235,31 @@ func (s *Scheduler) Run(ctx context.Context) {
 // rescueOrphans puts back the tasks that asynq archived only because the
 // worker running them died and they had no retry left (MaxRetry 0): sluice
 // runs every task at least once. One worker of the fleet looks, every few
-// seconds, at the newest archived tasks of each queue.
+// seconds, at the newest 200 archived tasks of each queue (a crash orphans
+// at most the tasks its worker was running).
 func (s *Scheduler) rescueOrphans(ctx context.Context) {
 	claim := throttle.Key("sluice:rescue:", "orphans")
 	if ok, err := s.rdb.SetNX(ctx, claim, s.worker, 4*time.Second).Result(); err != nil || !ok {
 		return
 	}
+	const page = 100
 	for queue := range s.Config().Queues {
-		tasks, err := s.inspector.ListArchivedTasks(queue, asynq.PageSize(100))
-		if err != nil {
+		info, err := s.inspector.GetQueueInfo(queue)
+		if err != nil || info.Archived == 0 {
 			continue
 		}
-		for _, t := range tasks {
-			if t.LastErr == asynq.ErrLeaseExpired.Error() {
-				if err := s.inspector.RunTask(queue, t.ID); err == nil {
-					s.log.Info("a task archived when its worker died runs again", "queue", queue, "id", t.ID)
+		// Archived tasks are listed oldest first: look at the last two pages.
+		last := (info.Archived-1)/page + 1
+		for p := max(1, last-1); p <= last; p++ {
+			tasks, err := s.inspector.ListArchivedTasks(queue, asynq.PageSize(page), asynq.Page(p))
+			if err != nil {
+				break
+			}
+			for _, t := range tasks {
+				if t.LastErr == asynq.ErrLeaseExpired.Error() {
+					if err := s.inspector.RunTask(queue, t.ID); err == nil {
+						s.log.Info("a task archived when its worker died runs again", "queue", queue, "id", t.ID)
+					}
 				}
 			}
 		}
