@@ -350,6 +350,9 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 			s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 			return s.requeue(ctx, t, queue, b.ready.Add(-requeueLead), b.turns)
 		}
+		if err := ctx.Err(); err != nil {
+			return err // shutting down: asynq puts the task back
+		}
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
