@@ -83,12 +83,7 @@ func TestRedisUnreachable(t *testing.T) {
 				t.Fatal("no Redis error counted in sluice_redis_errors_total")
 			}
 			// Tasks held by deny are still in the queue, not lost.
-			inspector := asynq.NewInspector(opt)
-			defer inspector.Close()
-			info, err := inspector.GetQueueInfo(queue)
-			if err != nil {
-				t.Fatal(err)
-			}
+			info := queueInfo(t, queue)
 			if left := info.Pending + info.Active + info.Scheduled + info.Retry; left+len(rec.starts()) != 20 || info.Archived != 0 {
 				t.Fatalf("%d ran, %d left, %d archived: want the 20 tasks run or still queued", len(rec.starts()), left, info.Archived)
 			}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,12 +118,7 @@ func TestDrainGateSpacesTasks(t *testing.T) {
 	if rate < 19.6 || rate > 20.4 {
 		t.Errorf("drained at %.2f/s, want 20/s within 2%%", rate)
 	}
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer inspector.Close()
-	info, err := inspector.GetQueueInfo(queue)
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := queueInfo(t, queue)
 	if info.Archived != 0 || info.Retry != 0 || info.Failed != 0 || info.Pending != 0 || info.Scheduled != 0 {
 		t.Errorf("queue after the run: %+v, want nothing archived, retrying, failed or left", info)
 	}
@@ -149,4 +145,54 @@ func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// gauge is a handler that notes how many tasks run at once.
+type gauge struct {
+	running, most, done atomic.Int64
+}
+
+func (g *gauge) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	now := g.running.Add(1)
+	for {
+		most := g.most.Load()
+		if now <= most || g.most.CompareAndSwap(most, now) {
+			break
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	g.running.Add(-1)
+	g.done.Add(1)
+	return nil
+}
+
+// TestConcurrencyLimitIsFleetWide: a queue limited to 2 tasks at once, on
+// two workers of 10 slots each, never runs more than 2, and runs them all.
+func TestConcurrencyLimitIsFleetWide(t *testing.T) {
+	queue := uniqueQueue(t)
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 10},
+		Queues: map[string]jobs.QueueConfig{queue: {Concurrency: 2}},
+	}
+	g := &gauge{}
+	fleet(t, cfg, 2, g)
+	enqueue(t, queue, 20)
+	testkit.WaitFor(t, 20*time.Second, "all tasks", func() bool { return g.done.Load() == 20 })
+	if most := g.most.Load(); most != 2 {
+		t.Fatalf("at most %d tasks ran at once, want the limit 2 (and reached)", most)
+	}
+	if info := queueInfo(t, queue); info.Archived != 0 || info.Retry != 0 {
+		t.Fatalf("queue after the run: %+v, want nothing archived or retrying", info)
+	}
+}
+
+func queueInfo(t *testing.T, queue string) *asynq.QueueInfo {
+	t.Helper()
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	info, err := inspector.GetQueueInfo(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
 }
