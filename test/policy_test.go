@@ -1,0 +1,86 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestQuotaRedisRefused: worker processes whose Redis user may touch the
+// queues but not the quota's keys (a Redis ACL), so every call of the quota
+// gate fails while asynq works: the gate does what its on_redis_error says,
+// and the worker counts it. (jobs.TestRedisUnreachable does the same with
+// the limits' Redis at a closed port.)
+func TestQuotaRedisRefused(t *testing.T) {
+	cases := []struct {
+		policy string
+		check  func(t *testing.T, requests int)
+	}{
+		{"deny", func(t *testing.T, requests int) {
+			if requests != 0 {
+				t.Fatalf("%d calls went through a quota whose policy is deny", requests)
+			}
+		}},
+		{"allow", func(t *testing.T, requests int) {
+			if requests != 20 {
+				t.Fatalf("%d of 20 calls went through a quota whose policy is allow", requests)
+			}
+		}},
+		{"local", func(t *testing.T, requests int) {
+			// 4/s, burst 1, for one worker: in 3 s at most 1 + 3*4.
+			if requests == 0 || requests > 13 {
+				t.Fatalf("%d calls in 3 s through a local twin of 4/s", requests)
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.policy, func(t *testing.T) {
+			u := newUpstream(t)
+			queue := queueName(t, "q")
+			quota := queueName(t, "api")
+			user, password := aclUserWithoutQuotas(t)
+			config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s, username: %s, password: %s}
+queues: {%s: {}}
+quotas:
+  %s: {algorithm: token_bucket, limit: 4, period: 1s, burst: 1, on_redis_error: %s}
+tasks:
+  http:request: {quotas: [%s]}
+http: {allow: [127.0.0.1]}
+`, redisAddr(t), user, password, queue, quota, c.policy, quota))
+			w := startWorker(t, config)
+			enqueueRequests(t, u, queue, "r", 20)
+			time.Sleep(3 * time.Second)
+			t.Logf("policy %s: %d of 20 calls in 3 s", c.policy, len(u.arrivals()))
+			c.check(t, len(u.arrivals()))
+			if n := w.counter(t, "sluice_policy_fallbacks_total", `policy="`+c.policy+`"`); n == 0 {
+				t.Fatalf("sluice_policy_fallbacks_total{policy=%q} is 0", c.policy)
+			}
+			if n := w.counter(t, "sluice_redis_errors_total"); n == 0 {
+				t.Fatal("sluice_redis_errors_total is 0")
+			}
+			if info := queueState(t, queue); info.Archived != 0 {
+				t.Fatalf("%d tasks archived", info.Archived)
+			}
+		})
+	}
+}
+
+// aclUserWithoutQuotas makes a Redis user that may use asynq's keys and
+// sluice's own, but not those of quotas, and removes it when the test ends.
+func aclUserWithoutQuotas(t *testing.T) (user, password string) {
+	t.Helper()
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	user, password = "noquota-"+fmt.Sprint(time.Now().UnixNano()), "pw"
+	err := rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">"+password, "+@all", "&*",
+		"~asynq:*", "~sluice:drain:*", "~sluice:rate:*", "~sluice:rescue:*", "~sluice:rebook:*", "~sluice:concurrency:*").Err()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Do(context.Background(), "ACL", "DELUSER", user) })
+	return user, password
+}
