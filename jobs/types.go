@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/internal/strictjson"
 )
 
 // The built-in task types. The names are a contract with producers: tasks
@@ -323,39 +325,16 @@ func isToken(s string) bool {
 	return true
 }
 
-// decode strictly decodes one JSON object from b into v and turns the
-// decoder's errors into messages that name the offset or the field at fault.
+// decode strictly decodes one JSON object from b into v; its errors name
+// the type, the offset or the field at fault.
 func decode(name string, b []byte, v any) error {
-	fail := func(format string, args ...any) error {
-		return fmt.Errorf("%s: payload: %s", name, fmt.Sprintf(format, args...))
+	err := strictjson.Decode(b, v)
+	var bad *strictjson.Error
+	if errors.As(err, &bad) && bad.Problem == strictjson.WrongType {
+		return fmt.Errorf("%s: payload: field %q: want %s, got %s", name, bad.Field, jsonKind(bad.Type), bad.Got)
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	var syntax *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case err == io.EOF:
-		return fail("empty, want a JSON object")
-	case err == io.ErrUnexpectedEOF:
-		return fail("invalid JSON at byte %d: unexpected end of input", len(b))
-	case errors.As(err, &syntax):
-		return fail("invalid JSON at byte %d: %v", syntax.Offset, syntax)
-	case errors.As(err, &typ) && typ.Field == "":
-		return fail("want a JSON object, got %s", typ.Value)
-	case errors.As(err, &typ):
-		return fail("field %q: want %s, got %s", typ.Field, jsonKind(typ.Type), typ.Value)
-	case err != nil:
-		// Unknown fields come as a plain error: `json: unknown field "x"`.
-		return fail("%s", strings.TrimPrefix(err.Error(), "json: "))
-	}
-	if rest := bytes.TrimLeft(b[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
-		return fail("invalid JSON at byte %d: data after the first value", len(b)-len(rest))
-	}
-	// null decodes into a struct without error; every other non-object
-	// failed as a type error above.
-	if bytes.HasPrefix(bytes.TrimLeft(b, " \t\r\n"), []byte("null")) {
-		return fail("want a JSON object, got null")
+	if err != nil {
+		return fmt.Errorf("%s: payload: %w", name, err)
 	}
 	return nil
 }

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/strictjson"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -258,42 +257,24 @@ func decodeStrict(data []byte, v any, at string, known []string, unknown string)
 		}
 		return at + "." + field
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	var syntax *json.SyntaxError
-	var typ *json.UnmarshalTypeError
-	switch {
-	case err == io.EOF:
-		return errors.New("empty, want a JSON object")
-	case err == io.ErrUnexpectedEOF:
-		return fmt.Errorf("invalid JSON at byte %d: unexpected end of line", len(data))
-	case errors.As(err, &syntax):
-		return fmt.Errorf("invalid JSON at byte %d: %s", syntax.Offset, strings.TrimPrefix(syntax.Error(), "json: "))
-	case errors.As(err, &typ) && typ.Field == "":
-		return fmt.Errorf("%swant a JSON object, got %s", prefix(key("")), typ.Value)
-	case errors.As(err, &typ):
-		return fmt.Errorf("%s: want %s, got %s", key(typ.Field), want(typ.Field, typ.Type), typ.Value)
-	case err != nil:
-		// An unknown key: the decoder says which only in its message, so
-		// find the keys again.
-		var m map[string]json.RawMessage
-		if json.Unmarshal(data, &m) == nil {
-			for _, k := range slices.Sorted(maps.Keys(m)) {
-				if !slices.Contains(known, k) {
-					return fmt.Errorf("%s"+unknown, prefix(key("")), k, strings.Join(known, ", "))
-				}
-			}
-		}
-		return fmt.Errorf("%s%v", prefix(key("")), err)
+	err := strictjson.Decode(data, v)
+	var bad *strictjson.Error
+	if !errors.As(err, &bad) {
+		return err
 	}
-	if rest := bytes.TrimLeft(data[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
-		return fmt.Errorf("invalid JSON at byte %d: data after the object (one task per line)", len(data)-len(rest))
+	switch bad.Problem {
+	case strictjson.Truncated:
+		return fmt.Errorf("invalid JSON at byte %d: unexpected end of line", bad.Offset)
+	case strictjson.NotObject:
+		return fmt.Errorf("%swant a JSON object, got %s", prefix(key("")), bad.Got)
+	case strictjson.WrongType:
+		return fmt.Errorf("%s: want %s, got %s", key(bad.Field), want(bad.Field, bad.Type), bad.Got)
+	case strictjson.UnknownField:
+		return fmt.Errorf("%s"+unknown, prefix(key("")), bad.Field, strings.Join(known, ", "))
+	case strictjson.Trailing:
+		return fmt.Errorf("invalid JSON at byte %d: data after the object (one task per line)", bad.Offset)
 	}
-	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
-		return fmt.Errorf("%swant a JSON object, got null", prefix(key("")))
-	}
-	return nil
+	return bad
 }
 
 func prefix(key string) string {
