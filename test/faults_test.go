@@ -1,6 +1,7 @@
 package test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
@@ -115,12 +117,11 @@ func (s *redisServer) start(t *testing.T) {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, 10*time.Second, "redis-server to listen", func() bool {
-		c, err := net.Dial("tcp", s.addr)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil
+	// PING fails with LOADING until the append-only file is read back.
+	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	defer rdb.Close()
+	testkit.WaitFor(t, 20*time.Second, "redis-server to answer PING", func() bool {
+		return rdb.Ping(context.Background()).Err() == nil
 	})
 }
 
