@@ -60,7 +60,7 @@ func TestRedisUnreachable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rec := &recorder{runs: map[string][]time.Time{}}
+			rec := &recorder{}
 			mux := asynq.NewServeMux()
 			mux.Use(sched.Middleware)
 			mux.Handle("test:record", rec)
@@ -75,7 +75,7 @@ func TestRedisUnreachable(t *testing.T) {
 			srv.Shutdown()
 			sched.Close()
 
-			c.check(t, rec.starts())
+			c.check(t, rec.All())
 			if n := counterSum(t, reg, "sluice_policy_fallbacks_total"); n == 0 {
 				t.Fatal("no fallback counted in sluice_policy_fallbacks_total")
 			}
@@ -84,8 +84,8 @@ func TestRedisUnreachable(t *testing.T) {
 			}
 			// Tasks held by deny are still in the queue, not lost.
 			info := queueInfo(t, queue)
-			if left := info.Pending + info.Active + info.Scheduled + info.Retry; left+len(rec.starts()) != 20 || info.Archived != 0 {
-				t.Fatalf("%d ran, %d left, %d archived: want the 20 tasks run or still queued", len(rec.starts()), left, info.Archived)
+			if left := info.Pending + info.Active + info.Scheduled + info.Retry; left+len(rec.All()) != 20 || info.Archived != 0 {
+				t.Fatalf("%d ran, %d left, %d archived: want the 20 tasks run or still queued", len(rec.All()), left, info.Archived)
 			}
 		})
 	}

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sort"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,28 +18,12 @@ import (
 	"github.com/sluicehq/sluice/jobs"
 )
 
-// recorder is a handler that notes when each task ran.
-type recorder struct {
-	mu   sync.Mutex
-	runs map[string][]time.Time // payload -> start times
-}
+// recorder is a handler that notes when each task ran, by payload.
+type recorder struct{ testkit.Timeline }
 
 func (r *recorder) ProcessTask(ctx context.Context, t *asynq.Task) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.runs[string(t.Payload())] = append(r.runs[string(t.Payload())], time.Now())
+	r.Note(string(t.Payload()))
 	return nil
-}
-
-func (r *recorder) starts() []time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var all []time.Time
-	for _, ts := range r.runs {
-		all = append(all, ts...)
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
-	return all
 }
 
 // fleet runs n in-process asynq servers with the scheduler on cfg.
@@ -100,16 +82,16 @@ func TestDrainGateSpacesTasks(t *testing.T) {
 		Worker: jobs.WorkerConfig{Concurrency: 10},
 		Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: 20, Period: time.Second, Burst: 1}}},
 	}
-	rec := &recorder{runs: map[string][]time.Time{}}
+	rec := &recorder{}
 	_, reg := fleet(t, cfg, 2, rec)
 	const tasks = 60
 	enqueue(t, queue, tasks, asynq.MaxRetry(0))
-	testkit.WaitFor(t, 15*time.Second, "all tasks to run", func() bool { return len(rec.starts()) >= tasks })
+	testkit.WaitFor(t, 15*time.Second, "all tasks to run", func() bool { return len(rec.All()) >= tasks })
 	time.Sleep(200 * time.Millisecond)
 
-	starts := rec.starts()
-	if len(starts) != tasks || len(rec.runs) != tasks {
-		t.Fatalf("%d runs of %d distinct tasks, want %d of %d", len(starts), len(rec.runs), tasks, tasks)
+	starts := rec.All()
+	if len(starts) != tasks || rec.Distinct() != tasks {
+		t.Fatalf("%d runs of %d distinct tasks, want %d of %d", len(starts), rec.Distinct(), tasks, tasks)
 	}
 	if most := testkit.MaxInWindow(starts, time.Second); most > 21 {
 		t.Errorf("%d tasks ran within one second, want at most 21", most)

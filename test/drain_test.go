@@ -32,10 +32,10 @@ http: {allow: [127.0.0.1]}
 				fleet = append(fleet, startWorker(t, config))
 			}
 			enqueueRequests(t, u, queue, "drain", tasks)
-			testkit.WaitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
+			testkit.WaitFor(t, 40*time.Second, "all requests", func() bool { return len(u.All()) >= tasks })
 			time.Sleep(500 * time.Millisecond) // let any duplicate show itself
 
-			arrivals := u.arrivals()
+			arrivals := u.All()
 			rate := float64(len(arrivals)-1) / arrivals[len(arrivals)-1].Sub(arrivals[0]).Seconds()
 			most := testkit.MaxInWindow(arrivals, time.Second)
 			var evaluations, done float64
@@ -45,8 +45,8 @@ http: {allow: [127.0.0.1]}
 			}
 			t.Logf("%d workers: %d requests, %.3f/s, at most %d in a second, %.3f limiter calls per task",
 				workers, len(arrivals), rate, most, evaluations/tasks)
-			if len(arrivals) != tasks || u.distinct() != tasks {
-				t.Errorf("%d requests for %d distinct tasks, want %d of %d: tasks lost or run twice", len(arrivals), u.distinct(), tasks, tasks)
+			if len(arrivals) != tasks || u.Distinct() != tasks {
+				t.Errorf("%d requests for %d distinct tasks, want %d of %d: tasks lost or run twice", len(arrivals), u.Distinct(), tasks, tasks)
 			}
 			if rate < 19.6 || rate > 20.4 {
 				t.Errorf("drained at %.3f/s, want 20/s within 2%%", rate)

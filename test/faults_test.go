@@ -37,16 +37,16 @@ http: {allow: [127.0.0.1]}
 		fleet = append(fleet, startWorker(t, config))
 	}
 	enqueueRequests(t, u, queue, "r", tasks)
-	testkit.WaitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 60 })
+	testkit.WaitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.All()) >= 60 })
 	if err := fleet[0].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
+	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.Distinct() >= tasks })
 	time.Sleep(time.Second)
-	dups := len(u.arrivals()) - u.distinct()
-	t.Logf("%d tasks, %d requests, %d run twice", tasks, len(u.arrivals()), dups)
-	if u.distinct() != tasks {
-		t.Errorf("%d distinct tasks ran, want %d", u.distinct(), tasks)
+	dups := len(u.All()) - u.Distinct()
+	t.Logf("%d tasks, %d requests, %d run twice", tasks, len(u.All()), dups)
+	if u.Distinct() != tasks {
+		t.Errorf("%d distinct tasks ran, want %d", u.Distinct(), tasks)
 	}
 	if dups > 10 {
 		t.Errorf("%d tasks ran twice, want at most the killed worker's 10 in flight", dups)
@@ -77,12 +77,12 @@ http: {allow: [127.0.0.1]}
 			t.Fatal(err)
 		}
 	}
-	testkit.WaitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.arrivals()) >= 40 })
+	testkit.WaitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.All()) >= 40 })
 	srv.kill(t)
 	time.Sleep(time.Second)
 	srv.start(t)
-	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.distinct() >= tasks })
-	t.Logf("%d tasks, %d requests", tasks, len(u.arrivals()))
+	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.Distinct() >= tasks })
+	t.Logf("%d tasks, %d requests", tasks, len(u.All()))
 }
 
 // redisServer is a redis-server of the test's own, which it may kill.

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -168,21 +168,19 @@ func (w *worker) counter(t *testing.T, name string, match ...string) float64 {
 // notes the time of every request, and answers with what respond says.
 type upstream struct {
 	*httptest.Server
-	mu      sync.Mutex
-	seen    map[string][]time.Time // path -> arrivals
-	respond func(n int) (status int, retryAfter string)
-	n       int
+	testkit.Timeline // arrivals by path
+	mu               sync.Mutex
+	respond          func(n int) (status int, retryAfter string)
+	n                int
 }
 
 func newUpstream(t *testing.T) *upstream {
-	u := &upstream{seen: map[string][]time.Time{}}
+	u := &upstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		now := time.Now()
+		u.Note(r.URL.Path)
 		u.mu.Lock()
 		u.n++
-		n := u.n
-		u.seen[r.URL.Path] = append(u.seen[r.URL.Path], now)
-		respond := u.respond
+		n, respond := u.n, u.respond
 		u.mu.Unlock()
 		if respond != nil {
 			if status, retryAfter := respond(n); status != http.StatusOK {
@@ -197,25 +195,6 @@ func newUpstream(t *testing.T) *upstream {
 	}))
 	t.Cleanup(u.Close)
 	return u
-}
-
-// arrivals returns every request's arrival time, sorted.
-func (u *upstream) arrivals() []time.Time {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	var all []time.Time
-	for _, ts := range u.seen {
-		all = append(all, ts...)
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
-	return all
-}
-
-// distinct is how many different paths were requested.
-func (u *upstream) distinct() int {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.seen)
 }
 
 // enqueueRequests enqueues n http:request tasks into queue with a plain

@@ -54,8 +54,8 @@ http: {allow: [127.0.0.1]}
 			w := startWorker(t, config)
 			enqueueRequests(t, u, queue, "r", 20)
 			time.Sleep(3 * time.Second)
-			t.Logf("policy %s: %d of 20 calls in 3 s", c.policy, len(u.arrivals()))
-			c.check(t, len(u.arrivals()))
+			t.Logf("policy %s: %d of 20 calls in 3 s", c.policy, len(u.All()))
+			c.check(t, len(u.All()))
 			if n := w.counter(t, "sluice_policy_fallbacks_total", `policy="`+c.policy+`"`); n == 0 {
 				t.Fatalf("sluice_policy_fallbacks_total{policy=%q} is 0", c.policy)
 			}

@@ -43,12 +43,12 @@ http: {allow: [127.0.0.1]}
 		enqueueRequests(t, u, q, q, perQueue)
 	}
 	total := 3 * perQueue
-	testkit.WaitFor(t, 40*time.Second, "all requests", func() bool { return len(u.arrivals()) >= total })
+	testkit.WaitFor(t, 40*time.Second, "all requests", func() bool { return len(u.All()) >= total })
 	time.Sleep(300 * time.Millisecond)
 
-	arrivals := u.arrivals()
-	if len(arrivals) != total || u.distinct() != total {
-		t.Fatalf("%d requests for %d distinct tasks, want %d", len(arrivals), u.distinct(), total)
+	arrivals := u.All()
+	if len(arrivals) != total || u.Distinct() != total {
+		t.Fatalf("%d requests for %d distinct tasks, want %d", len(arrivals), u.Distinct(), total)
 	}
 	worst := 0.0 // the most requests over the allowance in any interval
 	for i := range arrivals {
@@ -97,10 +97,10 @@ http: {allow: [127.0.0.1]}
 	}
 	enqueueRequests(t, u, queue, "r", tasks)
 	// One more request than tasks: the one answered 429 runs again.
-	testkit.WaitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks+1 })
-	arrivals := u.arrivals()
-	if u.distinct() != tasks {
-		t.Fatalf("%d distinct tasks reached the API, want %d", u.distinct(), tasks)
+	testkit.WaitFor(t, 30*time.Second, "all requests", func() bool { return len(u.All()) >= tasks+1 })
+	arrivals := u.All()
+	if u.Distinct() != tasks {
+		t.Fatalf("%d distinct tasks reached the API, want %d", u.Distinct(), tasks)
 	}
 	refused := arrivals[7]
 	for _, at := range arrivals[8:] {
@@ -137,12 +137,12 @@ http: {allow: [127.0.0.1]}
 	time.Sleep(1500 * time.Millisecond)
 	changed := time.Now()
 	replace(t, path, config("25"))
-	testkit.WaitFor(t, 30*time.Second, "all requests", func() bool { return len(u.arrivals()) >= tasks })
+	testkit.WaitFor(t, 30*time.Second, "all requests", func() bool { return len(u.All()) >= tasks })
 	time.Sleep(300 * time.Millisecond)
 
-	arrivals := u.arrivals()
-	if len(arrivals) != tasks || u.distinct() != tasks {
-		t.Fatalf("%d requests for %d distinct tasks, want %d", len(arrivals), u.distinct(), tasks)
+	arrivals := u.All()
+	if len(arrivals) != tasks || u.Distinct() != tasks {
+		t.Fatalf("%d requests for %d distinct tasks, want %d", len(arrivals), u.Distinct(), tasks)
 	}
 	var before, after []time.Time
 	for _, at := range arrivals {

@@ -1,9 +1,10 @@
 // Package testkit holds what tests across sluice's packages share beyond
 // Redis (see redistest): a clock they move by hand, polling for a
-// condition, and measuring a timeline.
+// condition, and noting and measuring a timeline.
 package testkit
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -62,4 +63,40 @@ func MaxInWindow(times []time.Time, d time.Duration) int {
 		most = max(most, last-first+1)
 	}
 	return most
+}
+
+// Timeline notes when things happened, by key (a task, a request path);
+// safe for concurrent use.
+type Timeline struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+}
+
+// Note records that key happened now.
+func (tl *Timeline) Note(key string) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if tl.at == nil {
+		tl.at = map[string][]time.Time{}
+	}
+	tl.at[key] = append(tl.at[key], time.Now())
+}
+
+// All returns every time noted, sorted.
+func (tl *Timeline) All() []time.Time {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	var all []time.Time
+	for _, ts := range tl.at {
+		all = append(all, ts...)
+	}
+	slices.SortFunc(all, time.Time.Compare)
+	return all
+}
+
+// Distinct is how many different keys were noted.
+func (tl *Timeline) Distinct() int {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return len(tl.at)
 }
