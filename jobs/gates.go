@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -351,6 +352,17 @@ func (g *gate) localTwin(workers int64) throttle.Reserver {
 		g.workers = workers
 	}
 	return g.local
+}
+
+// localSpec divides a limit among the live workers, for the local policy.
+func localSpec(l LimitConfig, workers int64) throttle.Spec {
+	spec := l.Spec()
+	share := func(v int) int { return max(1, int(math.Ceil(float64(v)/float64(workers)))) }
+	spec.Limit = share(spec.Limit)
+	if spec.Burst > 0 {
+		spec.Burst = share(spec.Burst)
+	}
+	return spec
 }
 
 func later(a, b time.Time) time.Time {

@@ -47,7 +47,7 @@ func TestRedisUnreachable(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			queue := uniqueQueue(t)
+			queue := redistest.Queue(t, "q")
 			cfg := jobs.Config{
 				Worker: jobs.WorkerConfig{Concurrency: 10},
 				Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: 5, Period: time.Second, Burst: 1, OnRedisError: c.policy}}},
@@ -83,7 +83,7 @@ func TestRedisUnreachable(t *testing.T) {
 				t.Fatal("no Redis error counted in sluice_redis_errors_total")
 			}
 			// Tasks held by deny are still in the queue, not lost.
-			info := queueInfo(t, queue)
+			info := redistest.QueueInfo(t, queue)
 			if left := info.Pending + info.Active + info.Scheduled + info.Retry; left+len(rec.All()) != 20 || info.Archived != 0 {
 				t.Fatalf("%d ran, %d left, %d archived: want the 20 tasks run or still queued", len(rec.All()), left, info.Archived)
 			}

@@ -45,17 +45,18 @@ func (r *rateCounter) flush(ctx context.Context, rdb redis.UniversalClient) erro
 	counts := r.counts
 	r.counts = nil
 	r.mu.Unlock()
+	if len(counts) == 0 {
+		return nil
+	}
 	bucket := time.Now().Unix() / int64(rateBucket/time.Second)
+	pipe := rdb.Pipeline()
 	for queue, n := range counts {
 		key := rateKey(queue, bucket)
-		pipe := rdb.Pipeline()
 		pipe.IncrBy(ctx, key, n)
 		pipe.Expire(ctx, key, 2*rateBuckets*rateBucket)
-		if _, err := pipe.Exec(ctx); err != nil {
-			return err
-		}
 	}
-	return nil
+	_, err := pipe.Exec(ctx)
+	return err
 }
 
 // RecentRate returns the tasks per second the fleet completed in queue over

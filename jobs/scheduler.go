@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -554,15 +553,4 @@ func (s *Scheduler) renew(ctx context.Context, taken []slot, holder string, stop
 			}
 		}
 	}
-}
-
-// localSpec divides a limit among the live workers, for the local policy.
-func localSpec(l LimitConfig, workers int64) throttle.Spec {
-	spec := l.Spec()
-	share := func(v int) int { return max(1, int(math.Ceil(float64(v)/float64(workers)))) }
-	spec.Limit = share(spec.Limit)
-	if spec.Burst > 0 {
-		spec.Burst = share(spec.Burst)
-	}
-	return spec
 }

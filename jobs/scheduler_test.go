@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -56,10 +55,6 @@ func fleet(t *testing.T, cfg jobs.Config, n int, handler asynq.Handler) (*jobs.M
 	return metrics, reg
 }
 
-func uniqueQueue(t *testing.T) string {
-	return strings.NewReplacer("/", "-", ":", "-").Replace(strings.TrimSuffix(redistest.Prefix(t), ":"))
-}
-
 func enqueue(t *testing.T, queue string, n int, opts ...asynq.Option) {
 	t.Helper()
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
@@ -77,7 +72,7 @@ func enqueue(t *testing.T, queue string, n int, opts ...asynq.Option) {
 // archived or failed, no second holds more than 21, and each costs one
 // limiter call.
 func TestDrainGateSpacesTasks(t *testing.T) {
-	queue := uniqueQueue(t)
+	queue := redistest.Queue(t, "q")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{Concurrency: 10},
 		Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: 20, Period: time.Second, Burst: 1}}},
@@ -100,7 +95,7 @@ func TestDrainGateSpacesTasks(t *testing.T) {
 	if rate < 19.6 || rate > 20.4 {
 		t.Errorf("drained at %.2f/s, want 20/s within 2%%", rate)
 	}
-	info := queueInfo(t, queue)
+	info := redistest.QueueInfo(t, queue)
 	if info.Archived != 0 || info.Retry != 0 || info.Failed != 0 || info.Pending != 0 || info.Scheduled != 0 {
 		t.Errorf("queue after the run: %+v, want nothing archived, retrying, failed or left", info)
 	}
@@ -151,7 +146,7 @@ func (g *gauge) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // TestConcurrencyLimitIsFleetWide: a queue limited to 2 tasks at once, on
 // two workers of 10 slots each, never runs more than 2, and runs them all.
 func TestConcurrencyLimitIsFleetWide(t *testing.T) {
-	queue := uniqueQueue(t)
+	queue := redistest.Queue(t, "q")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{Concurrency: 10},
 		Queues: map[string]jobs.QueueConfig{queue: {Concurrency: 2}},
@@ -163,18 +158,7 @@ func TestConcurrencyLimitIsFleetWide(t *testing.T) {
 	if most := g.most.Load(); most != 2 {
 		t.Fatalf("at most %d tasks ran at once, want the limit 2 (and reached)", most)
 	}
-	if info := queueInfo(t, queue); info.Archived != 0 || info.Retry != 0 {
+	if info := redistest.QueueInfo(t, queue); info.Archived != 0 || info.Retry != 0 {
 		t.Fatalf("queue after the run: %+v, want nothing archived or retrying", info)
 	}
-}
-
-func queueInfo(t *testing.T, queue string) *asynq.QueueInfo {
-	t.Helper()
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer inspector.Close()
-	info, err := inspector.GetQueueInfo(queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info
 }

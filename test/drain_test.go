@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
@@ -19,7 +20,7 @@ func TestDrainAccuracy(t *testing.T) {
 		t.Run(fmt.Sprintf("%d workers", workers), func(t *testing.T) {
 			const tasks = 400
 			u := newUpstream(t)
-			queue := queueName(t, "drain")
+			queue := redistest.Queue(t, "drain")
 			config := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %s}
 worker: {concurrency: 10}
@@ -57,7 +58,7 @@ http: {allow: [127.0.0.1]}
 			if per := evaluations / tasks; per > 1.2 {
 				t.Errorf("%.3f limiter calls per task, want at most 1.2", per)
 			}
-			info := queueState(t, queue)
+			info := redistest.QueueInfo(t, queue)
 			if info.Archived != 0 || info.Retry != 0 || info.Failed != 0 || info.Pending != 0 || info.Scheduled != 0 || info.Active != 0 {
 				t.Errorf("queue after the run: archived %d, retry %d, failed today %d, pending %d, scheduled %d, active %d; want all 0",
 					info.Archived, info.Retry, info.Failed, info.Pending, info.Scheduled, info.Active)

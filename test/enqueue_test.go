@@ -142,7 +142,7 @@ func TestEnqueueBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.desc, func(t *testing.T) {
-			queue := queueName(t, "bad")
+			queue := redistest.Queue(t, "bad")
 			args := append([]string{"--config", enqueueConfig(t, queue)}, c.args...)
 			if !slices.Contains(c.args, "--queue") {
 				args = append(args, "--queue", queue)
@@ -173,7 +173,7 @@ func TestEnqueueBadInput(t *testing.T) {
 	}
 
 	t.Run("bad line 500 of 1000", func(t *testing.T) {
-		queue := queueName(t, "bad")
+		queue := redistest.Queue(t, "bad")
 		path := writeLines(t, 1000, func(i int) string {
 			if i == 500 {
 				return `{"type": "demo:sleep", "payload": {"ms": "x"}}`
@@ -193,7 +193,7 @@ func TestEnqueueBadInput(t *testing.T) {
 	})
 
 	t.Run("more bad lines than are shown", func(t *testing.T) {
-		queue := queueName(t, "bad")
+		queue := redistest.Queue(t, "bad")
 		path := writeLines(t, 100, func(i int) string {
 			if i%2 == 0 {
 				return `{"type": "demo:sleep"}`
@@ -213,7 +213,7 @@ func TestEnqueueBadInput(t *testing.T) {
 func TestEnqueueOne(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Addr(t)
-	queue := queueName(t, "one")
+	queue := redistest.Queue(t, "one")
 	config := enqueueConfig(t, queue)
 	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: addr})
 	defer inspector.Close()
@@ -256,7 +256,7 @@ func TestEnqueueOne(t *testing.T) {
 		t.Errorf("%d tasks in the queue, want 2", n)
 	}
 
-	other := queueName(t, "unconfigured")
+	other := redistest.Queue(t, "unconfigured")
 	r = runEnqueue(t, addr, nil, "--config", config, "--queue", other, "demo:noop")
 	if r.code != 0 || !strings.Contains(r.stderr, fmt.Sprintf("warning: queue %q", other)) || queueSize(t, addr, other) != 1 {
 		t.Errorf("a queue not in the config: want the task enqueued with a warning\n%v", r)
@@ -267,7 +267,7 @@ func TestEnqueueOne(t *testing.T) {
 func TestEnqueueCount(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Addr(t)
-	queue := queueName(t, "count")
+	queue := redistest.Queue(t, "count")
 	r := runEnqueue(t, addr, nil, "--config", enqueueConfig(t, queue), "--queue", queue, "--count", "5", "demo:noop")
 	ids := strings.Fields(r.stdout)
 	if r.code != 0 || len(ids) != 5 || len(slices.Compact(slices.Sorted(slices.Values(ids)))) != 5 {
@@ -290,7 +290,7 @@ func TestEnqueueCount(t *testing.T) {
 func TestEnqueueFile(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Addr(t)
-	queue, other := queueName(t, "file"), queueName(t, "other")
+	queue, other := redistest.Queue(t, "file"), redistest.Queue(t, "other")
 	path := writeLines(t, 1001, func(i int) string {
 		switch {
 		case i == 301:
@@ -315,7 +315,7 @@ func TestEnqueueFile(t *testing.T) {
 func TestEnqueueFileTwice(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Addr(t)
-	queue := queueName(t, "twice")
+	queue := redistest.Queue(t, "twice")
 	config := enqueueConfig(t, queue)
 	path := writeLines(t, 1000, func(i int) string {
 		return fmt.Sprintf(`{"type": "demo:noop", "options": {"task_id": "line-%d"}}`, i)
@@ -342,7 +342,7 @@ func TestEnqueueFileTwice(t *testing.T) {
 func TestEnqueueFileSkip(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Addr(t)
-	queue := queueName(t, "skip")
+	queue := redistest.Queue(t, "skip")
 	path := writeLines(t, 100, func(i int) string {
 		return fmt.Sprintf(`{"type": "demo:noop", "options": {"task_id": "line-%d"}}`, i)
 	})
@@ -404,7 +404,7 @@ func (d statusDoc) queue(t *testing.T, name string) statusQueue {
 func TestEnqueueStatus(t *testing.T) {
 	t.Parallel()
 	addr := redistest.Addr(t)
-	queue, other, quota := queueName(t, "status"), queueName(t, "other"), queueName(t, "api")
+	queue, other, quota := redistest.Queue(t, "status"), redistest.Queue(t, "other"), redistest.Queue(t, "api")
 	config := writeConfig(t, fmt.Sprintf(`
 redis: {addr: 127.0.0.1:1}
 queues:
@@ -487,7 +487,7 @@ func TestEnqueueFileRedisFailure(t *testing.T) {
 	const lines = 100_000
 	srv := startRedis(t) // append only, fsync always: what it acknowledged survives a kill -9
 	addr := srv.addr
-	queue := queueName(t, "kill")
+	queue := redistest.Queue(t, "kill")
 	config := enqueueConfig(t, queue)
 	path := writeLines(t, lines, func(i int) string {
 		return fmt.Sprintf(`{"type": "demo:noop", "options": {"task_id": "line-%d"}}`, i)

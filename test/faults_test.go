@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
@@ -24,7 +25,7 @@ import (
 func TestWorkerKilled(t *testing.T) {
 	const tasks = 200
 	u := newUpstream(t)
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	config := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %s}
 worker: {concurrency: 10}
@@ -59,7 +60,7 @@ func TestRedisRestart(t *testing.T) {
 	const tasks = 150
 	srv := startRedis(t)
 	u := newUpstream(t)
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	config := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %s}
 queues:

@@ -95,11 +95,20 @@ func startWorker(t *testing.T, config string, env ...string) *worker {
 		logFile.Close()
 		close(exited)
 	}()
+	// Every worker is stopped with SIGTERM and must stop gracefully: exit
+	// code 0 within its 10 s shutdown timeout (a worker the test killed
+	// with -9 excepted).
 	t.Cleanup(func() {
 		w.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
+			st := w.cmd.ProcessState
+			ws, _ := st.Sys().(syscall.WaitStatus)
+			if !st.Success() && !(ws.Signaled() && ws.Signal() == syscall.SIGKILL) {
+				t.Errorf("worker %s stopped by SIGTERM: %v, want exit code 0", w.metrics, st)
+			}
 		case <-time.After(15 * time.Second):
+			t.Errorf("worker %s did not stop within 15 s of SIGTERM", w.metrics)
 			w.cmd.Process.Kill()
 			<-exited
 		}
@@ -217,25 +226,6 @@ func enqueueRequests(t *testing.T, u *upstream, queue, prefix string, n int) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// queueName is a queue of the test's own, so that tests sharing the Redis
-// server never see each other's tasks.
-func queueName(t *testing.T, suffix string) string {
-	p := strings.TrimSuffix(redistest.Prefix(t), ":")
-	return strings.ToLower(strings.NewReplacer("/", "-", ":", "-", "test-", "").Replace(p)) + "-" + suffix
-}
-
-// queueState returns asynq's view of a queue.
-func queueState(t *testing.T, queue string) *asynq.QueueInfo {
-	t.Helper()
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer inspector.Close()
-	info, err := inspector.GetQueueInfo(queue)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info
 }
 
 func redisAddr(t *testing.T) string { return redistest.Addr(t) }

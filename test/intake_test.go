@@ -95,7 +95,7 @@ func TestIntakeRetryAfter(t *testing.T) {
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: client, algorithm: sliding_log, limit: 3, period: 2s}
 `, limitName(t, "per-client")))
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	for i := 0; i < 3; i++ {
 		if status, _, _ := s.post(t, "alice", queue, nil); status != http.StatusAccepted {
 			t.Fatalf("request %d: %d, want 202", i, status)
@@ -123,7 +123,7 @@ func TestIntakeAllOrNothing(t *testing.T) {
     - {name: %s, key: client, algorithm: sliding_log, limit: 3, period: 1m}
     - {name: %s, key: ip, algorithm: sliding_counter, limit: 10, period: 1m}
 `, limitName(t, "overall"), limitName(t, "per-client"), limitName(t, "per-ip")))
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	accepted := func(client string, n int) int {
 		ok := 0
 		for i := 0; i < n; i++ {
@@ -153,7 +153,7 @@ func TestIntakeForwardedFor(t *testing.T) {
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: ip, algorithm: sliding_log, limit: 50, period: 1m}
 `, limitName(t, "per-ip")))
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	ok := 0
 	for i := 0; i < 1000; i++ {
 		xff := fmt.Sprintf("%d.%d.%d.%d", rand.IntN(223)+1, rand.IntN(256), rand.IntN(256), rand.IntN(256))
@@ -174,7 +174,7 @@ func TestIntakeBan(t *testing.T) {
     - {name: %s, key: client, algorithm: sliding_log, limit: 2, period: 1s}
   ban: {after: 3, within: 1m, for: 2s, max: 8s}
 `, limitName(t, "per-client")))
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	ban := func() (retryAfter int) {
 		for i := 0; i < 5; i++ {
 			s.post(t, "mallory", queue, nil)
@@ -213,7 +213,7 @@ func TestIntakeConcurrentClients(t *testing.T) {
     - {name: %s, key: global, algorithm: token_bucket, limit: 1000, period: 1s, burst: 1000}
     - {name: %s, key: client, algorithm: sliding_log, limit: 5, period: 1m}
 `, limitName(t, "overall"), limitName(t, "per-client")))
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	var mu sync.Mutex
 	var ids []string
 	var wg sync.WaitGroup

@@ -39,8 +39,8 @@ func TestQuotaRedisRefused(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.policy, func(t *testing.T) {
 			u := newUpstream(t)
-			queue := queueName(t, "q")
-			quota := queueName(t, "api")
+			queue := redistest.Queue(t, "q")
+			quota := redistest.Queue(t, "api")
 			user, password := aclUserWithoutQuotas(t)
 			config := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %s, username: %s, password: %s}
@@ -62,7 +62,7 @@ http: {allow: [127.0.0.1]}
 			if n := w.counter(t, "sluice_redis_errors_total"); n == 0 {
 				t.Fatal("sluice_redis_errors_total is 0")
 			}
-			if info := queueState(t, queue); info.Archived != 0 {
+			if info := redistest.QueueInfo(t, queue); info.Archived != 0 {
 				t.Fatalf("%d tasks archived", info.Archived)
 			}
 		})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
@@ -25,8 +26,8 @@ const within = 10 * time.Millisecond
 func TestSharedQuota(t *testing.T) {
 	const perQueue = 50
 	u := newUpstream(t)
-	quota := queueName(t, "api")
-	queues := []string{queueName(t, "a"), queueName(t, "b"), queueName(t, "c")}
+	quota := redistest.Queue(t, "api")
+	queues := []string{redistest.Queue(t, "a"), redistest.Queue(t, "b"), redistest.Queue(t, "c")}
 	config := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %s}
 queues: {%s: {}, %s: {}, %s: {}}
@@ -81,8 +82,8 @@ func TestUpstreamRetryAfter(t *testing.T) {
 		}
 		return http.StatusOK, ""
 	}
-	quota := queueName(t, "api")
-	queue := queueName(t, "q")
+	quota := redistest.Queue(t, "api")
+	queue := redistest.Queue(t, "q")
 	config := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %s}
 queues: {%s: {}}
@@ -120,7 +121,7 @@ http: {allow: [127.0.0.1]}
 func TestLiveReload(t *testing.T) {
 	const tasks = 100
 	u := newUpstream(t)
-	queue := queueName(t, "q")
+	queue := redistest.Queue(t, "q")
 	config := func(rate string) string {
 		return fmt.Sprintf(`
 redis: {addr: %s}

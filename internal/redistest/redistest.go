@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -66,4 +67,24 @@ func Prefix(tb testing.TB) string {
 	}
 	name := strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(tb.Name())
 	return "test:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+}
+
+// Queue returns an asynq queue name of the test's own (lower case, as
+// config.yaml wants), ending in suffix, so that tests sharing the server
+// never see each other's tasks.
+func Queue(tb testing.TB, suffix string) string {
+	p := strings.TrimSuffix(Prefix(tb), ":")
+	return strings.ToLower(strings.NewReplacer("/", "-", ":", "-", "test-", "").Replace(p)) + "-" + suffix
+}
+
+// QueueInfo returns asynq's view of queue on the standalone server.
+func QueueInfo(tb testing.TB, queue string) *asynq.QueueInfo {
+	tb.Helper()
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: Addr(tb)})
+	defer inspector.Close()
+	info, err := inspector.GetQueueInfo(queue)
+	if err != nil {
+		tb.Fatalf("asynq queue %q: %v", queue, err)
+	}
+	return info
 }
