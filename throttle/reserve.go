@@ -79,7 +79,7 @@ func (c compiled) checkReserve(n int, maxWait time.Duration) error {
 
 func (c compiled) checkReservation(r Reservation) error {
 	if !r.OK {
-		return fmt.Errorf("throttle: Cancel of a reservation that is not OK")
+		return fmt.Errorf("%w: Cancel of a reservation that is not OK: it counted nothing, so there is nothing to give back", ErrInvalidCost)
 	}
 	return c.checkCost(r.N)
 }
