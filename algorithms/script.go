@@ -44,56 +44,92 @@ type Call struct {
 	Slack    int64 // µs added to the TTL the script sets
 }
 
-// Allow runs the script's "allow" operation: the twin of Allow.
-func (s *Script) Allow(ctx context.Context, rdb redis.Scripter, c Call) (Result, error) {
-	return s.run(ctx, rdb, c, "allow", 0, 0)
+// The script's operations (see lua/epilogue.lua).
+const (
+	OpAllow   = "allow"   // the twin of Allow
+	OpReserve = "reserve" // the twin of Reserve: Arg is the longest wait, NotBefore the earliest instant
+	OpCancel  = "cancel"  // the twin of Cancel: Arg is the reservation's instant
+	OpBlock   = "block"   // block the key for Arg µs; Result.At is until when
+	OpPeek    = "peek"    // the twin of Peek: Result.Remaining and, in RetryAfter, how long the key is still blocked
+)
+
+// Op is one operation of a script on one key, and, once run, its outcome.
+type Op struct {
+	Call
+	Name           string // one of the Op* constants
+	Arg, NotBefore int64  // see the Op* constants; 0 where unused
+
+	Result Result
+	Err    error
 }
 
-// Reserve runs the script's "reserve" operation: the twin of Reserve.
-func (s *Script) Reserve(ctx context.Context, rdb redis.Scripter, c Call, notBefore, maxWait int64) (Result, error) {
-	return s.run(ctx, rdb, c, "reserve", maxWait, notBefore)
-}
+func (op *Op) keys() []string { return []string{op.Key, op.BlockKey} }
 
-// Cancel runs the script's "cancel" operation: the twin of Cancel.
-func (s *Script) Cancel(ctx context.Context, rdb redis.Scripter, c Call, at int64) error {
-	_, err := s.run(ctx, rdb, c, "cancel", at, 0)
-	return err
-}
-
-// Peek runs the script's "peek" operation: the twin of Peek.
-func (s *Script) Peek(ctx context.Context, rdb redis.Scripter, c Call) (remaining, blockedFor int64, err error) {
-	c.N = 1
-	r, err := s.run(ctx, rdb, c, "peek", 0, 0)
-	return r.Remaining, r.RetryAfter, err
-}
-
-// Block runs the script's "block" operation for d µs and returns the µs
-// until which the key is blocked.
-func (s *Script) Block(ctx context.Context, rdb redis.Scripter, c Call, d int64) (int64, error) {
-	r, err := s.run(ctx, rdb, c, "block", d, 0)
-	return r.At, err
-}
-
-func (s *Script) run(ctx context.Context, rdb redis.Scripter, c Call, op string, arg, notBefore int64) (Result, error) {
+func (op *Op) args() []any {
 	clock := ""
-	if c.Now != Now {
-		clock = strconv.FormatInt(c.Now, 10)
+	if op.Now != Now {
+		clock = strconv.FormatInt(op.Now, 10)
 	}
-	p := c.Params
-	reply, err := s.script.Run(ctx, rdb, []string{c.Key, c.BlockKey},
-		clock, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.Slack, op, arg, notBefore).Int64Slice()
-	if err != nil {
-		return Result{}, err
+	p := op.Params
+	return []any{clock, p.Limit, p.Period, p.Burst, p.Windows, op.N, op.Slack, op.Name, op.Arg, op.NotBefore}
+}
+
+// finish sets op's outcome from the script's reply.
+func (op *Op) finish(cmd *redis.Cmd) {
+	reply, err := cmd.Int64Slice()
+	switch {
+	case err != nil:
+		op.Err = err
+	case len(reply) != 6:
+		op.Err = fmt.Errorf("algorithms: script replied %v, want 6 integers", reply)
+	default:
+		op.Result = Result{
+			Allowed:    reply[0] == 1,
+			Remaining:  reply[1],
+			RetryAfter: reply[2],
+			ResetAfter: reply[3],
+			Delay:      reply[4],
+			At:         reply[5],
+		}
 	}
-	if len(reply) != 6 {
-		return Result{}, fmt.Errorf("algorithms: script replied %v, want 6 integers", reply)
+}
+
+// Run runs ops on rdb and sets the outcome of each: one op as one script
+// call, several in one pipeline (one write and one read for all of them,
+// each op still its own atomic script run). Ops that find the script cache
+// empty are run again with the script's body.
+func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op) {
+	if len(ops) == 1 {
+		ops[0].finish(s.script.Run(ctx, rdb, ops[0].keys(), ops[0].args()...))
+		return
 	}
-	return Result{
-		Allowed:    reply[0] == 1,
-		Remaining:  reply[1],
-		RetryAfter: reply[2],
-		ResetAfter: reply[3],
-		Delay:      reply[4],
-		At:         reply[5],
-	}, nil
+	cmds := make([]*redis.Cmd, len(ops))
+	// Every command's error is in its Cmd; Pipelined's is the first of them.
+	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, op := range ops {
+			cmds[i] = s.script.EvalSha(ctx, p, op.keys(), op.args()...)
+		}
+		return nil
+	})
+	var uncached []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			uncached = append(uncached, i)
+			continue
+		}
+		ops[i].finish(cmd)
+	}
+	if len(uncached) == 0 {
+		return
+	}
+	// NOSCRIPT means the op did not run; EVAL runs it and caches the script.
+	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range uncached {
+			cmds[i] = s.script.Eval(ctx, p, ops[i].keys(), ops[i].args()...)
+		}
+		return nil
+	})
+	for _, i := range uncached {
+		ops[i].finish(cmds[i])
+	}
 }

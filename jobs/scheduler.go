@@ -199,8 +199,9 @@ func (s *Scheduler) AsynqConfig() asynq.Config {
 	}
 }
 
-// errWaitInRedis is returned when a task that must wait cannot be requeued
-// (Redis failed): asynq then retries it without counting a failure.
+// errWaitInRedis is returned when a task that must wait could not be
+// requeued before its context ended (Redis failed for that long): asynq then
+// retries it without counting a failure, if it has a retry left.
 var errWaitInRedis = errors.New("jobs: task must wait and could not be requeued")
 
 // Run keeps the Scheduler's view of the fleet fresh until ctx ends: the
@@ -414,12 +415,42 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 // requeue sends a copy of the task back to Redis, scheduled for at and
 // carrying its turns, and revokes this one: asynq then deletes it without
 // counting a failure or a retry, whatever its MaxRetry.
+//
+// While Redis cannot take the copy (restarting, loading its data, failing
+// over), requeue tries again, backing off to once a second, for as long as
+// the task's context lasts: the task is in no one else's hands meanwhile,
+// and an error would cost it a retry; asynq archives a task that errs with
+// none left, failure or not. The copy's id is fixed, so an attempt that
+// reached Redis unanswered makes the next one a harmless duplicate.
 func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue string, at time.Time, turns []heldTurn) error {
 	id, _ := asynq.GetTaskID(ctx)
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := s.copyForLater(ctx, t, queue, id, at, turns)
+		if err == nil {
+			if attempt > 1 {
+				s.log.Info("requeued a task that must wait", "queue", queue, "id", id, "attempts", attempt)
+			}
+			return asynq.RevokeTask
+		}
+		if attempt == 1 {
+			s.log.Warn("cannot requeue a task that must wait; trying again", "queue", queue, "id", id, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "attempts", attempt, "err", err)
+			return fmt.Errorf("%w: %v", errWaitInRedis, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// copyForLater enqueues the copy of task id that requeue sends back.
+func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, at time.Time, turns []heldTurn) error {
 	info, err := s.inspector.GetTaskInfo(queue, id)
 	if err != nil {
-		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "err", err)
-		return fmt.Errorf("%w: %v", errWaitInRedis, err)
+		return err
 	}
 	headers := make(map[string]string, len(t.Headers())+3)
 	for k, v := range t.Headers() {
@@ -455,11 +486,10 @@ func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue string, at
 		opts = append(opts, asynq.Retention(info.Retention))
 	}
 	_, err = s.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
-	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "err", err)
-		return fmt.Errorf("%w: %v", errWaitInRedis, err)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil // an earlier attempt, or an earlier run of this task, made it
 	}
-	return asynq.RevokeTask
+	return err
 }
 
 // upstreamBusy blocks every quota of the task's type until the upstream's

@@ -9,8 +9,9 @@ import (
 type Option func(*options) error
 
 type options struct {
-	clock  Clock
-	prefix string
+	clock    Clock
+	prefix   string
+	inFlight int
 }
 
 // WithClock makes the limiter read time from c instead of Redis's clock (New)
@@ -37,8 +38,26 @@ func WithPrefix(prefix string) Option {
 	}
 }
 
+// WithPipelining sets how many script calls a Redis limiter has on the wire
+// at once (default 4). A call made while that many are out waits, and goes
+// out with every other waiting call in one pipeline as soon as one comes
+// back: under load, many decisions share one round trip, which saves the
+// client and the server a write and a read per decision. Fewer concurrent
+// callers than that never wait for each other. 0 turns it off: every call
+// is its own round trip at once, on its own pooled connection. Each
+// decision is its own atomic script run either way. NewLocal ignores it.
+func WithPipelining(maxInFlight int) Option {
+	return func(o *options) error {
+		if maxInFlight < 0 {
+			return fmt.Errorf("%w: WithPipelining(%d) must be >= 0", ErrInvalidSpec, maxInFlight)
+		}
+		o.inFlight = maxInFlight
+		return nil
+	}
+}
+
 func applyOptions(spec Spec, opts []Option) (options, error) {
-	o := options{prefix: "sluice:" + string(spec.Algorithm) + ":"}
+	o := options{prefix: "sluice:" + string(spec.Algorithm) + ":", inFlight: defaultInFlight}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return o, err

@@ -18,7 +18,7 @@ const injectedClockSlack = time.Minute
 // redisLimiter runs each decision as one script call on Redis.
 type redisLimiter struct {
 	compiled
-	rdb    redis.Scripter
+	calls  *batcher
 	clock  Clock // nil: Redis TIME
 	prefix string
 }
@@ -27,8 +27,10 @@ type redisLimiter struct {
 // call touches one key). Each AllowN is one atomic script run with Redis's
 // clock, so any number of processes share the limit exactly.
 //
-// Redis errors are returned as they are. A script call that timed out may
-// have run on the server: do not retry it blindly, or it counts twice.
+// Concurrent calls share round trips (see WithPipelining). Redis errors are
+// returned as they are. A script call that timed out, or whose context
+// ended, may have run on the server: do not retry it blindly, or it counts
+// twice.
 func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) {
 	c, err := compile(spec)
 	if err != nil {
@@ -38,17 +40,27 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &redisLimiter{compiled: c, rdb: rdb, clock: o.clock, prefix: o.prefix}, nil
+	calls := &batcher{rdb: rdb, script: c.algorithm.Script, maxInFlight: o.inFlight}
+	return &redisLimiter{compiled: c, calls: calls, clock: o.clock, prefix: o.prefix}, nil
 }
 
-// call is one script run on key for n events.
-func (l *redisLimiter) call(key string, n int) algorithms.Call {
+// run runs the script's operation name on key for n events.
+func (l *redisLimiter) run(ctx context.Context, key string, n int, name string, arg, notBefore int64) (algorithms.Result, error) {
 	state := redisKey(l.prefix, key)
-	c := algorithms.Call{Key: state, BlockKey: blockKey(state), Params: l.params, Now: algorithms.Now, N: int64(n)}
-	if l.clock != nil {
-		c.Now, c.Slack = l.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
+	op := &algorithms.Op{
+		Call: algorithms.Call{Key: state, BlockKey: blockKey(state), Params: l.params, Now: algorithms.Now, N: int64(n)},
+		Name: name, Arg: arg, NotBefore: notBefore,
 	}
-	return c
+	if l.clock != nil {
+		op.Now, op.Slack = l.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
+	}
+	if err := l.calls.do(ctx, op); err != nil {
+		return algorithms.Result{}, l.fail(err)
+	}
+	if op.Err != nil {
+		return algorithms.Result{}, l.fail(op.Err)
+	}
+	return op.Result, nil
 }
 
 func (l *redisLimiter) fail(err error) error {
@@ -60,9 +72,9 @@ func (l *redisLimiter) AllowN(ctx context.Context, key string, n int) (Decision,
 	if err := l.checkCost(n); err != nil {
 		return Decision{}, err
 	}
-	r, err := l.algorithm.Script.Allow(ctx, l.rdb, l.call(key, n))
+	r, err := l.run(ctx, key, n, algorithms.OpAllow, 0, 0)
 	if err != nil {
-		return Decision{}, l.fail(err)
+		return Decision{}, err
 	}
 	return decision(r), nil
 }
@@ -77,20 +89,20 @@ func (l *redisLimiter) ReserveAfter(ctx context.Context, key string, n int, notB
 	if err := l.checkReserve(n, maxWait); err != nil {
 		return Reservation{}, err
 	}
-	r, err := l.algorithm.Script.Reserve(ctx, l.rdb, l.call(key, n), unixMicros(notBefore), maxWait.Microseconds())
+	r, err := l.run(ctx, key, n, algorithms.OpReserve, maxWait.Microseconds(), unixMicros(notBefore))
 	if err != nil {
-		return Reservation{}, l.fail(err)
+		return Reservation{}, err
 	}
 	return reservation(r, n), nil
 }
 
 // Peek implements Reserver.
 func (l *redisLimiter) Peek(ctx context.Context, key string) (Level, error) {
-	remaining, blockedFor, err := l.algorithm.Script.Peek(ctx, l.rdb, l.call(key, 1))
+	r, err := l.run(ctx, key, 1, algorithms.OpPeek, 0, 0)
 	if err != nil {
-		return Level{}, l.fail(err)
+		return Level{}, err
 	}
-	return Level{Remaining: int(remaining), BlockedFor: micros(blockedFor)}, nil
+	return Level{Remaining: int(r.Remaining), BlockedFor: micros(r.RetryAfter)}, nil
 }
 
 // Block implements Reserver.
@@ -98,10 +110,8 @@ func (l *redisLimiter) Block(ctx context.Context, key string, d time.Duration) e
 	if d <= 0 {
 		return nil
 	}
-	if _, err := l.algorithm.Script.Block(ctx, l.rdb, l.call(key, 1), d.Microseconds()); err != nil {
-		return l.fail(err)
-	}
-	return nil
+	_, err := l.run(ctx, key, 1, algorithms.OpBlock, d.Microseconds(), 0)
+	return err
 }
 
 // Cancel implements Reserver.
@@ -109,8 +119,6 @@ func (l *redisLimiter) Cancel(ctx context.Context, key string, r Reservation) er
 	if err := l.checkReservation(r); err != nil {
 		return err
 	}
-	if err := l.algorithm.Script.Cancel(ctx, l.rdb, l.call(key, r.N), r.At.UnixMicro()); err != nil {
-		return l.fail(err)
-	}
-	return nil
+	_, err := l.run(ctx, key, r.N, algorithms.OpCancel, r.At.UnixMicro(), 0)
+	return err
 }

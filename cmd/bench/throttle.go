@@ -33,6 +33,7 @@ const redisRateName = "redis_rate"
 // and one of these.
 const (
 	fromGo             = " from Go"
+	fromGoUnpipelined  = " from Go, WithPipelining(0)"
 	withRedisBenchmark = " with redis-benchmark"
 )
 
@@ -68,21 +69,34 @@ func runThrottle(ctx context.Context, b *bench) error {
 // goMeasurements returns a measurement per contender, each of
 // throttleConcurrency goroutines deciding on keys picked at random from
 // throttleKeys, and the tally of their decisions over all rounds. All
-// contenders use the same caller keys; their Redis keys differ.
+// contenders use the same caller keys; their Redis keys differ. Every
+// algorithm runs twice: as New makes it, and with WithPipelining(0), one
+// round trip per call as redis_rate makes them.
 func goMeasurements(ctx context.Context, b *bench) ([]measurement, map[string]*tally, error) {
 	allow := map[string]allowFunc{}
+	var names []string
 	for _, a := range throttle.Algorithms {
-		lim, err := throttle.New(b.rdb, throttleSpec(a))
-		if err != nil {
-			return nil, nil, fmt.Errorf("throttle.New(%s): %w", a, err)
-		}
-		allow[string(a)] = func(ctx context.Context, key string) (bool, error) {
-			d, err := lim.AllowN(ctx, key, 1)
-			return d.Allowed, err
+		for _, way := range []struct {
+			suffix string
+			opts   []throttle.Option
+		}{
+			{fromGo, nil},
+			{fromGoUnpipelined, []throttle.Option{throttle.WithPipelining(0), throttle.WithPrefix("sluice:unpipelined:" + string(a) + ":")}},
+		} {
+			lim, err := throttle.New(b.rdb, throttleSpec(a), way.opts...)
+			if err != nil {
+				return nil, nil, fmt.Errorf("throttle.New(%s): %w", a, err)
+			}
+			allow[string(a)+way.suffix] = func(ctx context.Context, key string) (bool, error) {
+				d, err := lim.AllowN(ctx, key, 1)
+				return d.Allowed, err
+			}
+			names = append(names, string(a)+way.suffix)
 		}
 	}
 	peer := redis_rate.NewLimiter(b.rdb)
-	allow[redisRateName] = func(ctx context.Context, key string) (bool, error) {
+	names = append(names, redisRateName+fromGo)
+	allow[redisRateName+fromGo] = func(ctx context.Context, key string) (bool, error) {
 		r, err := peer.Allow(ctx, key, redisRateLimit)
 		if err != nil {
 			return false, fmt.Errorf("redis_rate: %w", err)
@@ -96,16 +110,16 @@ func goMeasurements(ctx context.Context, b *bench) ([]measurement, map[string]*t
 	}
 	var measurements []measurement
 	tallies := map[string]*tally{}
-	for _, name := range append(algorithmNames(), redisRateName) {
+	for _, name := range names {
 		// An untimed warm-up loads the script, opens the pool's connections
 		// and creates the keys, which the first round would pay for.
-		b.progress("throttle: warm-up: %s%s", name, fromGo)
+		b.progress("throttle: warm-up: %s", name)
 		if _, err := measureLoad(ctx, b.duration/4, throttleConcurrency, keys, allow[name]); err != nil {
-			return nil, nil, fmt.Errorf("%s%s, warm-up: %w", name, fromGo, err)
+			return nil, nil, fmt.Errorf("%s, warm-up: %w", name, err)
 		}
 		total := &tally{}
 		tallies[name] = total
-		measurements = append(measurements, measurement{name + fromGo, func(ctx context.Context) (float64, error) {
+		measurements = append(measurements, measurement{name, func(ctx context.Context) (float64, error) {
 			t, err := measureLoad(ctx, b.duration, throttleConcurrency, keys, allow[name])
 			total.calls += t.calls
 			total.admitted += t.admitted
@@ -245,18 +259,20 @@ func printThrottle(b *bench, rates map[string]float64, admitted map[string]*tall
 		"Every algorithm runs Limit 100 per 1s, Burst 100, Windows 10; redis_rate runs `PerSecond(100)` (burst 100). "+
 		"The admitted column shows the mix of decisions: a key is called about (rate / %s) times a second, so unless that nears 100 nearly every call is admitted.\n\n",
 		throttleConcurrency, throttleConcurrency, b.duration, grouped(throttleKeys), grouped(throttleKeys))
+	fmt.Fprintf(w, "Each algorithm runs twice from Go: as `throttle.New` makes it, where calls that find 4 round trips out wait and share the next one as a pipeline (see `WithPipelining`), "+
+		"and with `WithPipelining(0)`, one round trip per call, as redis_rate does it. The second is the script against redis_rate's script; the first is what a caller gets.\n\n")
 	fmt.Fprintf(w, "redis-benchmark: the very `EVALSHA` that `AllowN(ctx, key, 1)` sends (recorded from go-redis; Redis TIME), from %d connections on %s random keys, for about %v. "+
-		"It is a lean C client, so its rate is near what the server can do with that script, and Go / redis-benchmark is what the Go side keeps of it; "+
+		"It is a lean C client, so its rate is near what the server can do with that script, and Go, WithPipelining(0) / redis-benchmark is what the Go side keeps of it; "+
 		"both clients share the CPUs with the server (see above). redis_rate keeps its script unexported, so it has no redis-benchmark figure.\n\n",
 		throttleConcurrency, grouped(throttleKeys), b.duration)
-	fmt.Fprintf(w, "Every figure is the median of %d rounds; each round runs every row both ways, one after another.\n\n", b.rounds)
-	fmt.Fprintln(w, "| algorithm | Go decisions/s | ratio to redis_rate | redis-benchmark decisions/s | Go / redis-benchmark | admitted (Go) |")
-	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|")
+	fmt.Fprintf(w, "Every figure is the median of %d rounds; each round runs every measurement once, one after another.\n\n", b.rounds)
+	fmt.Fprintln(w, "| algorithm | Go decisions/s | ratio to redis_rate | Go, WithPipelining(0) | ratio to redis_rate | redis-benchmark decisions/s | Go, WithPipelining(0) / redis-benchmark | admitted (Go) |")
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|")
 	for _, name := range algorithmNames() {
-		g, s := rates[name+fromGo], rates[name+withRedisBenchmark]
-		fmt.Fprintf(w, "| %s | %s | %.2f | %s | %.2f | %s |\n", name, grouped(g), g/peer, grouped(s), g/s, admitted[name].admittedPercent())
+		g, u, s := rates[name+fromGo], rates[name+fromGoUnpipelined], rates[name+withRedisBenchmark]
+		fmt.Fprintf(w, "| %s | %s | %.2f | %s | %.2f | %s | %.2f | %s |\n", name, grouped(g), g/peer, grouped(u), u/peer, grouped(s), u/s, admitted[name+fromGo].admittedPercent())
 	}
-	fmt.Fprintf(w, "| %s | %s | 1.00 | — | — | %s |\n\n", redisRateName, grouped(peer), admitted[redisRateName].admittedPercent())
+	fmt.Fprintf(w, "| %s | — | — | %s | 1.00 | — | — | %s |\n\n", redisRateName, grouped(peer), admitted[redisRateName+fromGo].admittedPercent())
 
 	fmt.Fprintf(w, "### throttle: memory per key\n\n")
 	fmt.Fprintf(w, "`MEMORY USAGE key SAMPLES 0` of one key after its first admitted event and after 100, the events spread evenly over one Period (an injected clock, one every 10ms), so sliding_counter fills all 10 sub-windows. "+
