@@ -7,9 +7,15 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 .PHONY: test vet lint bench run build redis-shell
 
 # Tests get a real standalone Redis and a 3-node Redis Cluster from
-# scripts/redis-env.sh (see SLUICE_TEST_REDIS_* there).
+# scripts/redis-env.sh (see SLUICE_TEST_REDIS_* there). The end-to-end
+# package (./test) runs after the others, not beside them: it measures
+# drain rates to the request, and unit tests sharing the CPUs would add
+# their noise to its timings. Both parts run even if one fails.
 test: vet lint
-	scripts/redis-env.sh $(GO) test -race -count=1 -timeout 15m ./...
+	scripts/redis-env.sh bash -c '\
+		$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
+		$(GO) test -race -count=1 -timeout 15m ./test; e2e=$$?; \
+		exit $$((unit || e2e))'
 
 vet:
 	$(GO) vet ./...
