@@ -424,6 +424,10 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 // reached Redis unanswered makes the next one a harmless duplicate.
 func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue string, at time.Time, turns []heldTurn) error {
 	id, _ := asynq.GetTaskID(ctx)
+	giveUp := func(err error, attempts int) error {
+		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "attempts", attempts, "err", err)
+		return fmt.Errorf("%w: %v", errWaitInRedis, err)
+	}
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := s.copyForLater(ctx, t, queue, id, at, turns)
@@ -433,13 +437,15 @@ func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue string, at
 			}
 			return asynq.RevokeTask
 		}
+		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+			return giveUp(err, attempt) // Redis answered: no attempt will find it
+		}
 		if attempt == 1 {
 			s.log.Warn("cannot requeue a task that must wait; trying again", "queue", queue, "id", id, "err", err)
 		}
 		select {
 		case <-ctx.Done():
-			s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "attempts", attempt, "err", err)
-			return fmt.Errorf("%w: %v", errWaitInRedis, err)
+			return giveUp(err, attempt)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
