@@ -47,7 +47,7 @@ func (b *batcher) do(ctx context.Context, op *algorithms.Op) error {
 		b.inFlight++
 		b.mu.Unlock()
 		b.script.Run(ctx, b.rdb, op)
-		if batch := b.next(); batch != nil {
+		if batch := b.handOff(); batch != nil {
 			// The calls that queued meanwhile go on without this caller.
 			go b.drain(context.WithoutCancel(ctx), batch)
 		}
@@ -78,13 +78,13 @@ func (b *batcher) drain(ctx context.Context, batch []*waitingOp) {
 		for _, w := range batch {
 			close(w.done)
 		}
-		batch = b.next()
+		batch = b.handOff()
 	}
 }
 
-// next is called when a round trip has come back: it hands its slot to the
-// calls waiting now, or frees it if there are none.
-func (b *batcher) next() []*waitingOp {
+// handOff is called when a round trip has come back: it hands its slot to
+// the calls waiting now and returns them, or frees it if there are none.
+func (b *batcher) handOff() []*waitingOp {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	batch := b.waiting

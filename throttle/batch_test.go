@@ -74,15 +74,15 @@ func (g *gate) sent() [][]string {
 	return slices.Clone(g.pipelines)
 }
 
-// gatedClients are a standalone and a cluster client, each with a gate.
-func gatedClients(t *testing.T) map[string]struct {
+// gatedClient is a client with a gate on it.
+type gatedClient struct {
 	rdb  redis.UniversalClient
 	gate *gate
-} {
-	clients := map[string]struct {
-		rdb  redis.UniversalClient
-		gate *gate
-	}{}
+}
+
+// gatedClients are a standalone and a cluster client, each with a gate.
+func gatedClients(t *testing.T) map[string]gatedClient {
+	clients := map[string]gatedClient{}
 	for name, rdb := range map[string]redis.UniversalClient{
 		"redis":   redis.NewClient(&redis.Options{Addr: redistest.Addr(t)}),
 		"cluster": redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t)}),
@@ -90,10 +90,7 @@ func gatedClients(t *testing.T) map[string]struct {
 		t.Cleanup(func() { rdb.Close() })
 		g := newGate()
 		rdb.AddHook(g)
-		clients[name] = struct {
-			rdb  redis.UniversalClient
-			gate *gate
-		}{rdb, g}
+		clients[name] = gatedClient{rdb, g}
 	}
 	return clients
 }

@@ -45,6 +45,14 @@ func run(t *testing.T, lim throttle.Limiter, clock *testkit.Clock, steps []step)
 // Five events per second; sliding_counter in sub-windows of 200ms.
 var fivePerSecond = throttle.Spec{Limit: 5, Period: time.Second, Windows: 5}
 
+// fivePerSecondOn is mustLimiter of algorithm a at fivePerSecond.
+func fivePerSecondOn(t *testing.T, e engine, a throttle.Algorithm) (throttle.Limiter, *testkit.Clock) {
+	t.Helper()
+	spec := fivePerSecond
+	spec.Algorithm = a
+	return mustLimiter(t, e, spec)
+}
+
 // bucketSteps holds for both buckets: a token bucket's tokens are a leaky
 // bucket's free space.
 var bucketSteps = []step{
@@ -91,9 +99,7 @@ var stepsByAlgorithm = map[throttle.Algorithm][]step{
 
 func TestDecisions(t *testing.T) {
 	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
-		spec := fivePerSecond
-		spec.Algorithm = a
-		lim, clock := mustLimiter(t, e, spec)
+		lim, clock := fivePerSecondOn(t, e, a)
 		run(t, lim, clock, stepsByAlgorithm[a])
 	})
 }
@@ -163,9 +169,7 @@ func TestRetryAfterIsExact(t *testing.T) {
 // then left alone.
 func TestDeniedCallsConsumeNothing(t *testing.T) {
 	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
-		spec := fivePerSecond
-		spec.Algorithm = a
-		lim, clock := mustLimiter(t, e, spec)
+		lim, clock := fivePerSecondOn(t, e, a)
 		allow(t, lim, "hammered", 5)
 		allow(t, lim, "quiet", 5)
 		for i := 0; i < 200; i++ {

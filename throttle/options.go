@@ -49,7 +49,7 @@ func WithPrefix(prefix string) Option {
 func WithPipelining(maxInFlight int) Option {
 	return func(o *options) error {
 		if maxInFlight < 0 {
-			return fmt.Errorf("%w: WithPipelining(%d) must be >= 0", ErrInvalidSpec, maxInFlight)
+			return fmt.Errorf("%w: WithPipelining(%d): the calls in flight must be >= 0 (0 turns pipelining off)", ErrInvalidSpec, maxInFlight)
 		}
 		o.inFlight = maxInFlight
 		return nil

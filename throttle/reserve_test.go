@@ -63,9 +63,7 @@ func TestReservationsQueueUp(t *testing.T) {
 // following plain call must wait past it.
 func TestReservationsOnEveryAlgorithm(t *testing.T) {
 	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
-		spec := fivePerSecond
-		spec.Algorithm = a
-		lim, _ := mustLimiter(t, e, spec)
+		lim, _ := fivePerSecondOn(t, e, a)
 		allow(t, lim, "k", 5)
 		denied := allow(t, lim, "k", 1)
 		r := reserve(t, lim, 1, 2*time.Second)
@@ -88,9 +86,7 @@ func TestReservationsOnEveryAlgorithm(t *testing.T) {
 // reservations after it, and a shorter block does not cut a longer one.
 func TestBlock(t *testing.T) {
 	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
-		spec := fivePerSecond
-		spec.Algorithm = a
-		lim, clock := mustLimiter(t, e, spec)
+		lim, clock := fivePerSecondOn(t, e, a)
 		r := lim.(throttle.Reserver)
 		ctx := context.Background()
 		if err := r.Block(ctx, "k", 2*time.Second); err != nil {
