@@ -1,21 +1,35 @@
 // Package algorithms holds sluice's five rate-limit algorithms, each twice:
-// as a pure state transition in Go (the in-process engine, and the reference
-// model the Lua is tested against) and as the Redis script that makes the
-// same transition atomically on the server.
+// as a state in Go (the in-process engine, and the reference model the Lua
+// is tested against) and as the constructor in lua/ that keeps the same
+// state on Redis; and the one operation every caller uses, Book: count n
+// events on several keys at the earliest instant at which all of them fit.
 //
 // Everything here counts time in integer microseconds and events in whole
 // numbers, so that the Go and Lua twins agree to the last microsecond.
 // Callers validate Params and n (see package throttle); this package assumes
-// 1 <= n <= capacity and the 2^53 bounds that Params.Check enforces.
+// 1 <= n <= capacity and the bounds that Algorithm.Check enforces.
+//
+// # Turns in any order
+//
+// A state answers for any instant, not only the latest: a turn may be booked
+// before turns booked earlier (a queue drained at 5/s books its turns far
+// ahead; a faster one that shares its quota must still get the gaps between
+// them), and any turn can be given back exactly. The windowed algorithms
+// keep their events by time and check every window an event would fall in;
+// the buckets keep the server time their events take (see BucketState).
 package algorithms
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // MaxExact is the largest integer every intermediate value must stay below:
 // Lua numbers are doubles and hold integers exactly up to 2^53.
 const MaxExact = 1 << 53
 
-// Params is the shape of one limit, in the units the transitions use.
+// Params is the shape of one limit, in the units the states use.
 type Params struct {
 	Limit   int64 // events per Period
 	Period  int64 // µs
@@ -23,98 +37,137 @@ type Params struct {
 	Windows int64 // sliding_counter: sub-windows per Period
 }
 
-// Result is one decision. All times are µs.
-type Result struct {
-	Allowed    bool
-	Remaining  int64 // events that could still be admitted (at At, when reserved)
-	RetryAfter int64 // denied: the wait after which the same call fits if nothing else happens
-	ResetAfter int64 // until the state is back to its initial value (the TTL it needs)
-	Delay      int64 // allowed: how long after now the events were counted, 0 unless reserved
-	At         int64 // allowed: the instant the events were counted at
-}
-
-// State is one key's state under one algorithm: the Go twin of a script's
-// body. Trim forgets what has expired by now; the others never look at
-// events that old.
+// State is one key's state under one algorithm: the Go twin of an
+// algorithm's constructor in lua/. Instants are µs.
 type State interface {
+	// Trim forgets what no decision at or after now needs.
 	Trim(p Params, now int64)
-	// Decide reports whether n more events fit at `at`, changing nothing:
-	// Allowed, Remaining (after them, if they fit), RetryAfter and
-	// ResetAfter from `at`.
-	Decide(p Params, at, n int64) Result
-	// Record counts n events at `at`.
-	Record(p Params, at, n int64)
-	// GiveBack uncounts n events counted at `at`.
-	GiveBack(p Params, at, n int64)
+	// Earliest is the earliest instant at or after `at` at which n more
+	// events fit.
+	Earliest(p Params, at, n int64) int64
+	// Record counts n events at `at`, where they fit, and returns what
+	// GiveBack needs to uncount exactly them.
+	Record(p Params, at, n int64) string
+	// GiveBack uncounts the n events that Record described as pieces.
+	GiveBack(p Params, pieces string, n int64)
+	// Room is how many more events fit at `at`.
+	Room(p Params, at int64) int64
+	// ResetAfter is how long from `at` until the state is back to its
+	// initial value.
+	ResetAfter(p Params, at int64) int64
 }
 
-// Allow counts n events at now if they fit: the Go twin of the scripts'
-// "allow" operation. blocked is the µs until which the key is blocked (0:
-// not blocked).
-func Allow(s State, p Params, now, blocked, n int64) Result {
-	return Reserve(s, p, now, blocked, 0, n, -1)
+// Claim is n events asked of one key's state.
+type Claim struct {
+	State   State
+	Params  Params
+	Blocked int64 // µs until which the key counts nothing (0: not blocked)
+	N       int64
+	// GiveBack, if not empty, is the pieces of n events booked earlier
+	// that are given back before anything is booked (a turn that moves).
+	GiveBack string
 }
 
-// Reserve is Allow, or else counts n events at the earliest instant they
-// fit, not before notBefore, if that is at most maxWait µs from now (a
-// negative maxWait never reserves): the Go twin of the scripts' "reserve"
-// operation.
-func Reserve(s State, p Params, now, blocked, notBefore, n, maxWait int64) Result {
-	s.Trim(p, now)
-	start := max(now, blocked, notBefore)
-	r := s.Decide(p, start, n)
-	if r.Allowed && start == now {
-		s.Record(p, now, n)
-		r.At = now
-		return r
-	}
-	wait := start - now
-	if !r.Allowed {
-		wait += r.RetryAfter
-	}
-	if start > now {
-		r.Remaining = 0
-	}
-	if wait > maxWait {
-		return Result{Remaining: r.Remaining, RetryAfter: wait, ResetAfter: start - now + r.ResetAfter}
-	}
-	r = s.Decide(p, now+wait, n)
-	if !r.Allowed {
-		panic(fmt.Sprintf("algorithms: %d events did not fit at their own turn, %dµs from now", n, wait))
-	}
-	s.Record(p, now+wait, n)
-	r.ResetAfter += wait
-	r.Delay, r.At = wait, now+wait
-	return r
+// Booking is the outcome of Book.
+type Booking struct {
+	OK  bool
+	Now int64 // the instant it was decided at
+	// At is the instant every claim was counted at; when not OK, the
+	// earliest instant found at which all would fit (a lower bound).
+	At     int64
+	Claims []Counted // one per claim, in order
 }
 
-// Peek returns how many events fit at now and how long the key is still
-// blocked, changing nothing but what has expired: the Go twin of the
-// scripts' "peek" operation.
-func Peek(s State, p Params, now, blocked int64) (remaining, blockedFor int64) {
+// Counted is what a booking did to one claim. Times are µs from now.
+type Counted struct {
+	Remaining  int64  // events that still fit (at At when OK, now when not)
+	RetryAfter int64  // the wait after which the claim alone would fit; 0 when OK
+	ResetAfter int64  // until the key is back to its initial state
+	Pieces     string // OK: what GiveBack needs
+}
+
+// maxPasses bounds the search for a common instant. Each claim's earliest
+// turn only moves forward as the instant asked about does, so the search
+// settles in about as many passes as there are claims; a search that has
+// not settled by then is reported as a wait until where it got to.
+const maxPasses = 16
+
+// Book counts the claims' events at the earliest instant, not before
+// notBefore and not before any claim's block, at which every one of them
+// fits, if that is at most maxWait µs from now (maxWait 0: now or never).
+// With exact, that instant must be notBefore itself. It counts all the
+// claims or none: the Go twin of the "book" operation of lua/book.lua.
+func Book(claims []Claim, now, notBefore, maxWait int64, exact bool) Booking {
+	for _, c := range claims {
+		c.State.Trim(c.Params, now)
+		if c.GiveBack != "" {
+			c.State.GiveBack(c.Params, c.GiveBack, c.N)
+		}
+	}
+	b := Booking{Now: now, Claims: make([]Counted, len(claims))}
+	start := max(now, notBefore)
+	// Each claim alone first: its own wait tells a caller which limit
+	// refused. A block beyond maxWait refuses without a search.
+	at := start
+	for i, c := range claims {
+		from := max(start, c.Blocked)
+		own := from
+		if from-now <= maxWait {
+			own = c.State.Earliest(c.Params, from, c.N)
+		}
+		b.Claims[i].RetryAfter = own - now
+		at = max(at, own)
+	}
+	settled := false
+	for pass := 0; pass < maxPasses && at-now <= maxWait; pass++ {
+		next := at
+		for _, c := range claims {
+			if next = c.State.Earliest(c.Params, next, c.N); next-now > maxWait {
+				break
+			}
+		}
+		if next == at {
+			settled = true
+			break
+		}
+		at = next
+	}
+	b.At = at
+	if !settled || at-now > maxWait || (exact && at != start) {
+		for i, c := range claims {
+			from := max(start, c.Blocked)
+			if from == now {
+				b.Claims[i].Remaining = c.State.Room(c.Params, now)
+			}
+			b.Claims[i].ResetAfter = max(from-now, c.State.ResetAfter(c.Params, now))
+		}
+		return b
+	}
+	b.OK = true
+	for i, c := range claims {
+		b.Claims[i] = Counted{
+			Pieces:     c.State.Record(c.Params, at, c.N),
+			Remaining:  c.State.Room(c.Params, at),
+			ResetAfter: at - now + c.State.ResetAfter(c.Params, at),
+		}
+	}
+	return b
+}
+
+// Peek is how many events fit now and how long the key is still blocked:
+// the Go twin of the "peek" operation.
+func Peek(s State, p Params, now, blocked int64) (room, blockedFor int64) {
 	s.Trim(p, now)
 	if blocked > now {
 		return 0, blocked - now
 	}
-	r := s.Decide(p, now, 1)
-	if r.Allowed {
-		return r.Remaining + 1, 0
-	}
-	return r.Remaining, 0
+	return s.Room(p, now), 0
 }
 
-// Cancel gives back n events reserved at `at`: the Go twin of the scripts'
-// "cancel" operation.
-func Cancel(s State, p Params, now, at, n int64) {
-	s.Trim(p, now)
-	s.GiveBack(p, at, n)
-}
-
-// Algorithm ties an algorithm's name to its initial state and its script.
+// Algorithm ties an algorithm's name to its initial state.
 type Algorithm struct {
 	Name     string
 	NewState func() State
-	Script   *Script
 	// Capacity is the largest n a single call can ever be admitted with.
 	Capacity func(p Params) int64
 }
@@ -144,6 +197,10 @@ type ParamError struct {
 // Error implements error.
 func (e *ParamError) Error() string { return e.Field + " " + e.Problem }
 
+// maxBucketWindow bounds Burst × Period of a bucket: its state counts in
+// units of that size, and positions up to twice it away must stay exact.
+const maxBucketWindow = 1 << 50
+
 // Check reports the first way in which p cannot be run exactly by a.
 func (a *Algorithm) Check(p Params) *ParamError {
 	bad := func(field, format string, args ...any) *ParamError {
@@ -161,25 +218,74 @@ func (a *Algorithm) Check(p Params) *ParamError {
 	}
 	switch a {
 	case SlidingCounter:
-		if p.Windows < 1 || p.Windows > 1000 {
-			return bad("Windows", "must be between 1 and 1000, got %d", p.Windows)
+		if p.Windows < 1 || p.Windows > maxWindows {
+			return bad("Windows", "must be between 1 and %d, got %d", maxWindows, p.Windows)
 		}
 		if p.Period%p.Windows != 0 {
 			return bad("Windows", "must divide Period into whole microseconds, got Period %dµs / Windows %d", p.Period, p.Windows)
+		}
+	case SlidingLog:
+		if p.Limit > maxLogLimit {
+			return bad("Limit", "must be at most %d for sliding_log, which keeps one entry per event (use sliding_counter above that), got %d", maxLogLimit, p.Limit)
 		}
 	case TokenBucket, LeakyBucket:
 		if p.Burst <= 0 {
 			return bad("Burst", "must be >= 0 (0 means Limit), got %d", p.Burst)
 		}
-		// Buckets count in units of 1/Period: Burst*Period (+ one Limit of
-		// refill) must stay exact in Lua.
-		if p.Burst > (MaxExact-p.Limit)/p.Period {
-			return bad("Burst", "× Period must stay below 2^53 µs, got %d × %dµs; lower Burst or Period", p.Burst, p.Period)
+		if p.Burst > maxBucketWindow/p.Period {
+			return bad("Burst", "× Period must stay below 2^50 µs, got %d × %dµs; lower Burst or Period", p.Burst, p.Period)
 		}
 	}
 	return nil
 }
 
-func floorDiv(a, b int64) int64 { return a / b }
+// floorDiv and ceilDiv divide by a positive b, rounding toward minus and
+// plus infinity; a may be negative.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
 
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a > 0 {
+		q++
+	}
+	return q
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// ints parses the space-separated integers of s, as the scripts write
+// them; nil if s is empty or malformed.
+func ints(s string) []int64 {
+	fields := strings.Fields(s)
+	out := make([]int64, len(fields))
+	for i, f := range fields {
+		v, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return nil
+		}
+		out[i] = v
+	}
+	return out
+}
+
+func joinInts(vs ...int64) string {
+	var b strings.Builder
+	for i, v := range vs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.FormatInt(v, 10))
+	}
+	return b.String()
+}

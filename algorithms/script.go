@@ -6,11 +6,13 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/lua"
 )
 
-// Script is an algorithm's Lua script, run by its SHA1 with a fallback to
-// its body when Redis does not have it cached (after a restart, a failover
-// or SCRIPT FLUSH), so that an empty script cache costs no decision.
+// Script is a Lua script run by its SHA1 with a fallback to its body when
+// Redis does not have it cached (after a restart, a failover or SCRIPT
+// FLUSH), so that an empty script cache costs no decision.
 type Script struct {
 	source string
 	script *redis.Script
@@ -19,6 +21,10 @@ type Script struct {
 func newScript(source string) *Script {
 	return &Script{source: source, script: redis.NewScript(source)}
 }
+
+// BookScript runs an operation on the limits of one cluster slot: the
+// twin of Book, Peek and the giving back and blocking around them.
+var BookScript = newScript(lua.Book)
 
 // Source returns the full text of the script.
 func (s *Script) Source() string { return s.source }
@@ -34,64 +40,99 @@ func (s *Script) Load(ctx context.Context, rdb redis.Scripter) error {
 // Now asks a script to read Redis's own clock.
 const Now int64 = -1
 
-// Call is one run of a script on one key.
-type Call struct {
-	Key      string // the state's key
-	BlockKey string // the key's block, in the same cluster slot
-	Params   Params
-	Now      int64 // µs, or Now for Redis TIME
-	N        int64
-	Slack    int64 // µs added to the TTL the script sets
-}
-
-// The script's operations (see lua/epilogue.lua).
+// The operations of the book script (see lua/book.lua).
 const (
-	OpAllow   = "allow"   // the twin of Allow
-	OpReserve = "reserve" // the twin of Reserve: Arg is the longest wait, NotBefore the earliest instant
-	OpCancel  = "cancel"  // the twin of Cancel: Arg is the reservation's instant
-	OpBlock   = "block"   // block the key for Arg µs; Result.At is until when
-	OpPeek    = "peek"    // the twin of Peek: Result.Remaining and, in RetryAfter, how long the key is still blocked
+	OpBook   = "book"   // the twin of Book
+	OpCancel = "cancel" // give back every claim's GiveBack
+	OpBlock  = "block"  // block every claim's key for NotBefore µs; Result.At is until when
+	OpPeek   = "peek"   // the twin of Peek: Remaining, and in RetryAfter how long the key is still blocked
 )
 
-// Op is one operation of a script on one key, and, once run, its outcome.
-type Op struct {
-	Call
-	Name           string // one of the Op* constants
-	Arg, NotBefore int64  // see the Op* constants; 0 where unused
+// OpClaim is one claim of an Op: n events on one key.
+type OpClaim struct {
+	Algorithm *Algorithm
+	Params    Params
+	Key, Aux  string // the state's key and its second key, in one cluster slot
+	N         int64
+	GiveBack  string // pieces to give back first, or ""
+}
 
-	Result Result
+// Op is one run of the book script and, once run, its outcome.
+type Op struct {
+	Now       int64 // µs, or Now for Redis TIME
+	Name      string
+	NotBefore int64 // book: the earliest instant; block: the block's length
+	MaxWait   int64 // book
+	Exact     bool  // book: the turn must be at NotBefore
+	Slack     int64 // µs added to every TTL the script sets
+	Claims    []OpClaim
+
+	Result Booking
 	Err    error
 }
 
-func (op *Op) keys() []string { return []string{op.Key, op.BlockKey} }
+func (op *Op) keys() []string {
+	keys := make([]string, 0, 2*len(op.Claims))
+	for _, c := range op.Claims {
+		keys = append(keys, c.Key, c.Aux)
+	}
+	return keys
+}
 
 func (op *Op) args() []any {
 	clock := ""
 	if op.Now != Now {
 		clock = strconv.FormatInt(op.Now, 10)
 	}
-	p := op.Params
-	return []any{clock, p.Limit, p.Period, p.Burst, p.Windows, op.N, op.Slack, op.Name, op.Arg, op.NotBefore}
+	exact := "0"
+	if op.Exact {
+		exact = "1"
+	}
+	args := make([]any, 0, 7+7*len(op.Claims))
+	args = append(args, clock, op.Name, op.NotBefore, op.MaxWait, exact, op.Slack, len(op.Claims))
+	for _, c := range op.Claims {
+		p := c.Params
+		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack)
+	}
+	return args
 }
 
 // finish sets op's outcome from the script's reply.
 func (op *Op) finish(cmd *redis.Cmd) {
-	reply, err := cmd.Int64Slice()
-	switch {
-	case err != nil:
+	reply, err := cmd.Slice()
+	if err != nil {
 		op.Err = err
-	case len(reply) != 6:
-		op.Err = fmt.Errorf("algorithms: script replied %v, want 6 integers", reply)
-	default:
-		op.Result = Result{
-			Allowed:    reply[0] == 1,
-			Remaining:  reply[1],
-			RetryAfter: reply[2],
-			ResetAfter: reply[3],
-			Delay:      reply[4],
-			At:         reply[5],
-		}
+		return
 	}
+	if len(reply) != 3+4*len(op.Claims) {
+		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), len(op.Claims), 3+4*len(op.Claims))
+		return
+	}
+	ints := make([]int64, 0, 3+3*len(op.Claims))
+	var pieces []string
+	for i, v := range reply {
+		if i >= 3 && (i-3)%4 == 3 {
+			s, ok := v.(string)
+			if !ok {
+				op.Err = fmt.Errorf("algorithms: book script replied %v for pieces, want a string", v)
+				return
+			}
+			pieces = append(pieces, s)
+			continue
+		}
+		n, ok := v.(int64)
+		if !ok {
+			op.Err = fmt.Errorf("algorithms: book script replied %v, want an integer", v)
+			return
+		}
+		ints = append(ints, n)
+	}
+	b := Booking{OK: ints[0] == 1, Now: ints[1], At: ints[2], Claims: make([]Counted, len(op.Claims))}
+	for i := range b.Claims {
+		v := ints[3+3*i:]
+		b.Claims[i] = Counted{Remaining: v[0], RetryAfter: v[1], ResetAfter: v[2], Pieces: pieces[i]}
+	}
+	op.Result = b
 }
 
 // Run runs ops on rdb and sets the outcome of each: one op as one script

@@ -12,8 +12,9 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- floordiv and ceildiv divide non-negative integers exactly: a / b is
--- rounded, so the remainder is checked and the quotient mended.
+-- floordiv and ceildiv divide an integer by a positive integer exactly
+-- (a may be negative): a / b is rounded, so the remainder is checked and the
+-- quotient mended.
 local function floordiv(a, b)
   local q = math.floor(a / b)
   local r = a - q * b
@@ -23,15 +24,22 @@ local function floordiv(a, b)
 end
 
 local function ceildiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then
-    q, r = q - 1, r + b
-  elseif r >= b then
-    q, r = q + 1, r - b
+  return -floordiv(-a, b)
+end
+
+local function gcd(a, b)
+  while b ~= 0 do
+    a, b = b, a - floordiv(a, b) * b
   end
-  if r > 0 then return q + 1 end
-  return q
+  return a
+end
+
+-- nums returns the integers of a string "a b c ...", as the scripts write
+-- their states.
+local function nums(s)
+  local v = {}
+  for x in string.gmatch(s, '%-?%d+') do v[#v + 1] = tonumber(x) end
+  return v
 end
 
 -- ARGV[1] is the caller's clock when one was injected, '' otherwise: then
@@ -41,4 +49,3 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-

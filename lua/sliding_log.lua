@@ -1,49 +1,160 @@
--- sliding_log: at most limit events in any interval (t - period, t].
+-- sliding_log: at most limit events in any interval (t - period, t]. An
+-- event at x falls in every window (y - period, y] with y in
+-- [x, x + period): n events fit at x if none of those windows is full.
+-- Mirrors SlidingLogState in algorithms/sliding_log.go.
 --
--- KEYS[1] -> sorted set of counted events, scored by their time in µs; each
---            event is its own member ("time:seq"), so n events are n members
--- KEYS[2] -> string: µs until which the key is blocked (absent: not)
--- ARGV    -> now, limit, period, burst (unused), windows (unused), n, ttl slack,
---            op, op argument, not before (see lua.go and epilogue.lua)
+-- state -> sorted set of counted events, scored by their time in µs; each
+--          event is its own member ("time:seq"), so n events are n members
+-- aux   -> string: µs until which the key is blocked (absent: not)
 
-local key = KEYS[1]
-redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
-local size = redis.call('ZCARD', key) -- every event left counts at now
-local blocked = tonumber(redis.call('GET', KEYS[2])) or 0
+local function new_sliding_log(key, block_key, p)
+  local period, n = p.period, p.n
+  local self = {blocked = tonumber(redis.call('GET', block_key)) or 0}
+  local newest_known, newest = false, nil
 
-local function decide(at)
-  local since = '(' .. int(at - period)
-  local count = size
-  if at > now then count = redis.call('ZCOUNT', key, since, '+inf') end
-  local newest = at -- the newest event's time (there is none only when n fit)
-  if count > 0 then
-    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  -- The newest event's time, or nil.
+  local function latest()
+    if not newest_known then
+      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      newest, newest_known = tonumber(last[2]), true
+    end
+    return newest
   end
-  if count + n > limit then
-    -- n fit once the (count + n - limit)th oldest event has aged out.
-    local k = count + n - limit
-    local kth = tonumber(redis.call('ZRANGEBYSCORE', key, since, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)[2])
-    return false, math.max(0, limit - count), kth + period - at, newest + period - at
+
+  function self.trim(now)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
   end
-  return true, limit - count - n, 0, math.max(newest, at) + period - at
-end
 
-local function record(at, ttl)
-  -- NX makes a member that exists already fail to add; the loop then
-  -- tries the next seq, so n events always become n members.
-  local seq, added = size, 0
-  while added < n do
-    seq = seq + 1
-    added = added + redis.call('ZADD', key, 'NX', int(at), int(at) .. ':' .. seq)
+  -- events(from) lists the events later than from, oldest first, fetched
+  -- in pages as the caller reads on: get(i) is the time of the i-th, nil
+  -- past the last.
+  local function events(from)
+    local times, cursor, seen, done = {}, '(' .. int(from), 0, false
+    local function get(i)
+      while i > #times and not done do
+        local page = redis.call('ZRANGEBYSCORE', key, cursor, '+inf', 'WITHSCORES', 'LIMIT', seen, 128)
+        for k = 2, #page, 2 do times[#times + 1] = tonumber(page[k]) end
+        if #page < 256 then
+          done = true
+        else
+          -- Next page: from the last time on, past the members of that
+          -- time already read (times repeat; members do not).
+          local last = times[#times]
+          seen = 0
+          for k = #times, 1, -1 do
+            if times[k] ~= last then break end
+            seen = seen + 1
+          end
+          cursor = int(last)
+        end
+      end
+      return times[i]
+    end
+    return get
   end
-  redis.call('PEXPIRE', key, ttl)
-end
 
-local function give_back(at)
-  local events = redis.call('ZRANGEBYSCORE', key, int(at), int(at), 'LIMIT', 0, n)
-  if #events > 0 then redis.call('ZREM', key, unpack(events)) end
-end
+  -- window sweeps the ends y of windows (y - period, y]: the events in the
+  -- window are those from lo to hi - 1.
+  local function window(y)
+    local w = {y = y, get = events(y - period), lo = 1, hi = 1}
+    while w.get(w.hi) and w.get(w.hi) <= y do w.hi = w.hi + 1 end
+    function w.count() return w.hi - w.lo end
+    function w.next_entry() return w.get(w.hi) end
+    function w.move_to(to)
+      w.y = to
+      while w.get(w.hi) and w.get(w.hi) <= to do w.hi = w.hi + 1 end
+      while w.lo < w.hi and w.get(w.lo) <= to - period do w.lo = w.lo + 1 end
+    end
+    function w.next_change()
+      local next_ = w.get(w.lo) + period
+      local entry = w.next_entry()
+      if entry and entry < next_ then next_ = entry end
+      return next_
+    end
+    return w
+  end
 
-local function block(ttl)
-  redis.call('SET', KEYS[2], int(blocked), 'PX', ttl)
+  function self.earliest(at)
+    local most = p.limit - n
+    local newest_ = latest()
+    if not newest_ or newest_ <= at then
+      -- Nothing counted after at: only the window ending at at matters,
+      -- and n fit once enough of its oldest events have aged out.
+      local count = redis.call('ZCOUNT', key, '(' .. int(at - period), int(at))
+      if count <= most then return at end
+      local kth = redis.call('ZRANGEBYSCORE', key, '(' .. int(at - period), '+inf', 'WITHSCORES', 'LIMIT', count - most - 1, 1)
+      return tonumber(kth[2]) + period
+    end
+    local x = at
+    local w = window(x)
+    while true do
+      if w.count() > most then
+        -- Every window ending from here until enough events have left is
+        -- too full: the turn comes after them.
+        while w.count() > most do w.move_to(w.next_change()) end
+        x = w.y
+      else
+        local entry = w.next_entry()
+        if not entry or entry >= x + period then return x end
+        w.move_to(entry)
+      end
+    end
+  end
+
+  function self.record(at)
+    -- NX makes a member that exists already fail to add; the next seq is
+    -- tried, so n events always become n members.
+    local seq, added = redis.call('ZCARD', key), 0
+    while added < n do
+      local args = {}
+      for _ = 1, math.min(n - added, 100) do
+        seq = seq + 1
+        args[#args + 1] = int(at)
+        args[#args + 1] = int(at) .. ':' .. seq
+      end
+      added = added + redis.call('ZADD', key, 'NX', unpack(args))
+    end
+    if not newest or at > newest then newest = at end
+    return int(at)
+  end
+
+  function self.give_back(pieces)
+    local at = tonumber(pieces)
+    if not at then return end
+    local members = redis.call('ZRANGEBYSCORE', key, int(at), int(at), 'LIMIT', 0, n)
+    for i = 1, #members, 100 do
+      redis.call('ZREM', key, unpack(members, i, math.min(i + 99, #members)))
+    end
+    newest_known = false
+  end
+
+  function self.room(at)
+    local w = window(at)
+    local fullest = w.count()
+    while true do
+      local entry = w.next_entry()
+      if not entry or entry >= at + period then return math.max(0, p.limit - fullest) end
+      w.move_to(entry)
+      if w.count() > fullest then fullest = w.count() end
+    end
+  end
+
+  function self.reset_after(at)
+    local newest_ = latest()
+    if not newest_ then return 0 end
+    return math.max(0, newest_ + period - at)
+  end
+
+  function self.block(until_)
+    self.blocked = until_
+  end
+
+  -- save sets the TTLs: the Go twin forgets the key when this lets it
+  -- expire.
+  function self.save(ttl)
+    redis.call('PEXPIRE', key, ttl)
+    if self.blocked > 0 then redis.call('SET', block_key, int(self.blocked), 'PX', ttl) end
+  end
+
+  return self
 end

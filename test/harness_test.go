@@ -183,6 +183,12 @@ type upstream struct {
 	n                int
 }
 
+// Under returns the arrival times of the requests whose path is under
+// /prefix/, sorted.
+func (u *upstream) Under(prefix string) []time.Time {
+	return u.Matching(func(path string) bool { return strings.HasPrefix(path, "/"+prefix+"/") })
+}
+
 func newUpstream(t *testing.T) *upstream {
 	u := &upstream{}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -211,7 +217,13 @@ func newUpstream(t *testing.T) *upstream {
 // MaxRetry 0, which the asynq wiki's throttling pattern would archive.
 func enqueueRequests(t *testing.T, u *upstream, queue, prefix string, n int) {
 	t.Helper()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	enqueueRequestsOn(t, asynq.RedisClientOpt{Addr: redistest.Addr(t)}, u, queue, prefix, n)
+}
+
+// enqueueRequestsOn is enqueueRequests on the Redis of opt.
+func enqueueRequestsOn(t *testing.T, opt asynq.RedisConnOpt, u *upstream, queue, prefix string, n int) {
+	t.Helper()
+	client := asynq.NewClient(opt)
 	defer client.Close()
 	for i := 0; i < n; i++ {
 		task, err := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/%s/%d", u.URL, prefix, i)})

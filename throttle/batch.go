@@ -16,7 +16,21 @@ import (
 // shares round trips.
 const defaultInFlight = 4
 
-// batcher runs a Redis limiter's script calls. At most maxInFlight round
+// batchers holds one batcher per Redis client and setting of
+// WithPipelining: every limiter on a client shares its round trips.
+var batchers sync.Map // batcherKey -> *batcher
+
+type batcherKey struct {
+	rdb         redis.UniversalClient
+	maxInFlight int
+}
+
+func batcherFor(rdb redis.UniversalClient, maxInFlight int) *batcher {
+	b, _ := batchers.LoadOrStore(batcherKey{rdb, maxInFlight}, &batcher{rdb: rdb, maxInFlight: maxInFlight})
+	return b.(*batcher)
+}
+
+// batcher runs the script calls of the Redis limiters on one client. At most maxInFlight round
 // trips are out at once. A call made while they are out waits, and when
 // one comes back every waiting call goes out together in one pipeline: one
 // write and one read, for the client and for the server, instead of one
@@ -25,7 +39,6 @@ const defaultInFlight = 4
 // Each call is still its own atomic script run.
 type batcher struct {
 	rdb         redis.UniversalClient
-	script      *algorithms.Script
 	maxInFlight int // 0: every call goes out at once, alone
 
 	mu       sync.Mutex
@@ -46,7 +59,7 @@ func (b *batcher) do(ctx context.Context, op *algorithms.Op) error {
 	if b.maxInFlight == 0 || b.inFlight < b.maxInFlight {
 		b.inFlight++
 		b.mu.Unlock()
-		b.script.Run(ctx, b.rdb, op)
+		algorithms.BookScript.Run(ctx, b.rdb, op)
 		if batch := b.handOff(); batch != nil {
 			// The calls that queued meanwhile go on without this caller.
 			go b.drain(context.WithoutCancel(ctx), batch)
@@ -74,7 +87,7 @@ func (b *batcher) drain(ctx context.Context, batch []*waitingOp) {
 		for i, w := range batch {
 			ops[i] = w.op
 		}
-		b.script.Run(ctx, b.rdb, ops...)
+		algorithms.BookScript.Run(ctx, b.rdb, ops...)
 		for _, w := range batch {
 			close(w.done)
 		}

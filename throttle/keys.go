@@ -26,9 +26,10 @@ func redisKey(prefix, key string) string {
 	return prefix + "{" + hashTag(key) + "}"
 }
 
-// blockKey holds key's block (see Reserver.Block). No redisKey ends in
-// ":b", so it meets no other key, and it shares key's cluster slot.
-func blockKey(stateKey string) string {
+// auxKey is the second key of a state (a sliding log's block, a bucket's
+// spans). No redisKey ends in ":b", so it meets no other key, and it shares
+// the state's cluster slot.
+func auxKey(stateKey string) string {
 	return stateKey + ":b"
 }
 

@@ -1,8 +1,10 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,12 +21,15 @@ const localShards = 32
 
 // localLimiter makes the same transitions as the scripts, in process.
 type localLimiter struct {
-	compiled
+	base
 	clock  Clock
 	slack  int64 // µs kept past expiry, as the Redis engine does
 	seed   maphash.Seed
 	shards [localShards]localShard
+	id     uint64 // orders the locks of several limiters
 }
+
+var _ limiter = (*localLimiter)(nil)
 
 type localShard struct {
 	mu      sync.Mutex
@@ -42,17 +47,15 @@ type localEntry struct {
 	expires int64 // µs
 }
 
-// entry returns key's entry, or a new one that is not stored yet.
-func (s *localShard) entry(key string, a *algorithms.Algorithm) *localEntry {
-	if e := s.entries[key]; e != nil {
-		return e
-	}
-	return &localEntry{state: a.NewState()}
+var nextLocalID struct {
+	sync.Mutex
+	n uint64
 }
 
 // NewLocal returns a Limiter that keeps its state in this process's memory,
 // with the same decisions as New would make at the same instants. Keys are
-// forgotten once back to their initial state, as Redis expires them.
+// forgotten once back to their initial state, as Redis expires them. It is
+// a Reserver, and Book can book it together with other local limiters.
 func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
 	c, err := compile(spec)
 	if err != nil {
@@ -62,7 +65,12 @@ func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &localLimiter{compiled: c, clock: o.clock, seed: maphash.MakeSeed()}
+	return newLocal(c, o.clock), nil
+}
+
+func newLocal(c compiled, clock Clock) *localLimiter {
+	l := &localLimiter{base: base{spec: c}, clock: clock, seed: maphash.MakeSeed()}
+	l.base.self = l
 	if l.clock == nil {
 		l.clock = systemClock{}
 	} else {
@@ -72,90 +80,29 @@ func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
 		l.shards[i].entries = make(map[string]*localEntry)
 		l.shards[i].sweepAt = 1024
 	}
-	return l, nil
+	nextLocalID.Lock()
+	nextLocalID.n++
+	l.id = nextLocalID.n
+	nextLocalID.Unlock()
+	return l
 }
 
-// AllowN implements Limiter.
-func (l *localLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
-	if err := l.checkCost(n); err != nil {
-		return Decision{}, err
+func (l *localLimiter) site(string) site { return localSite{} }
+
+func (l *localLimiter) policy() (string, limiter) { return "", nil }
+
+func (l *localLimiter) shardIndex(key string) int {
+	return int(maphash.String(l.seed, key) % localShards)
+}
+
+func (l *localLimiter) shard(key string) *localShard { return &l.shards[l.shardIndex(key)] }
+
+// entry returns key's entry, or a new one that is not stored yet.
+func (s *localShard) entry(key string, a *algorithms.Algorithm) *localEntry {
+	if e := s.entries[key]; e != nil {
+		return e
 	}
-	return decision(l.reserve(key, n, 0, -1)), nil
-}
-
-// ReserveN implements Reserver.
-func (l *localLimiter) ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error) {
-	return l.ReserveAfter(ctx, key, n, time.Time{}, maxWait)
-}
-
-// ReserveAfter implements Reserver.
-func (l *localLimiter) ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error) {
-	if err := l.checkReserve(n, maxWait); err != nil {
-		return Reservation{}, err
-	}
-	return reservation(l.reserve(key, n, unixMicros(notBefore), maxWait.Microseconds()), n), nil
-}
-
-// reserve is algorithms.Reserve on key's state; maxWait < 0 never reserves.
-func (l *localLimiter) reserve(key string, n int, notBefore, maxWait int64) algorithms.Result {
-	now := l.clock.Now().UnixMicro()
-	shard := l.shard(key)
-	shard.mu.Lock()
-	defer shard.mu.Unlock()
-	e := shard.entry(key, l.algorithm)
-	r := algorithms.Reserve(e.state, l.params, now, e.blocked, notBefore, int64(n), maxWait)
-	if r.Allowed {
-		e.expires = max(e.expires, now+r.ResetAfter+l.slack)
-		shard.entries[key] = e
-		shard.sweep(now)
-	}
-	return r
-}
-
-// Cancel implements Reserver.
-func (l *localLimiter) Cancel(ctx context.Context, key string, r Reservation) error {
-	if err := l.checkReservation(r); err != nil {
-		return err
-	}
-	now := l.clock.Now().UnixMicro()
-	shard := l.shard(key)
-	shard.mu.Lock()
-	defer shard.mu.Unlock()
-	if e := shard.entries[key]; e != nil {
-		algorithms.Cancel(e.state, l.params, now, r.At.UnixMicro(), int64(r.N))
-	}
-	return nil
-}
-
-// Peek implements Reserver.
-func (l *localLimiter) Peek(ctx context.Context, key string) (Level, error) {
-	now := l.clock.Now().UnixMicro()
-	shard := l.shard(key)
-	shard.mu.Lock()
-	defer shard.mu.Unlock()
-	e := shard.entry(key, l.algorithm)
-	remaining, blockedFor := algorithms.Peek(e.state, l.params, now, e.blocked)
-	return Level{Remaining: int(remaining), BlockedFor: micros(blockedFor)}, nil
-}
-
-// Block implements Reserver.
-func (l *localLimiter) Block(ctx context.Context, key string, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	now := l.clock.Now().UnixMicro()
-	shard := l.shard(key)
-	shard.mu.Lock()
-	defer shard.mu.Unlock()
-	e := shard.entry(key, l.algorithm)
-	e.blocked = max(e.blocked, now+d.Microseconds())
-	e.expires = max(e.expires, e.blocked+l.slack)
-	shard.entries[key] = e
-	return nil
-}
-
-func (l *localLimiter) shard(key string) *localShard {
-	return &l.shards[maphash.String(l.seed, key)%localShards]
+	return &localEntry{state: a.NewState()}
 }
 
 // sweep drops expired entries once the map has doubled since the last sweep,
@@ -170,4 +117,80 @@ func (s *localShard) sweep(now int64) {
 		}
 	}
 	s.sweepAt = max(1024, 2*len(s.entries))
+}
+
+// localSite decides the claims of local limiters, under the locks of their
+// keys' shards, taken in one order so that callers never deadlock.
+type localSite struct{}
+
+func (localSite) run(_ context.Context, st *step) error {
+	type lock struct {
+		lim   *localLimiter
+		shard int
+	}
+	var locks []lock
+	for _, p := range st.parts {
+		l := p.lim.(*localLimiter)
+		if k := (lock{l, l.shardIndex(p.key)}); !slices.Contains(locks, k) {
+			locks = append(locks, k)
+		}
+	}
+	slices.SortFunc(locks, func(a, b lock) int {
+		return cmp.Or(cmp.Compare(a.lim.id, b.lim.id), cmp.Compare(a.shard, b.shard))
+	})
+	for _, k := range locks {
+		mu := &k.lim.shards[k.shard].mu
+		mu.Lock()
+		defer mu.Unlock()
+	}
+	first := st.parts[0].lim.(*localLimiter)
+	now := first.clock.Now().UnixMicro()
+	entries := make([]*localEntry, len(st.parts))
+	claims := make([]algorithms.Claim, len(st.parts))
+	for i, p := range st.parts {
+		l := p.lim.(*localLimiter)
+		entries[i] = l.shard(p.key).entry(p.key, l.spec.algorithm)
+		claims[i] = algorithms.Claim{State: entries[i].state, Params: l.spec.params, Blocked: entries[i].blocked, N: p.n}
+		if st.giveBack != nil {
+			claims[i].GiveBack = st.giveBack[i]
+		}
+	}
+	switch st.op {
+	case algorithms.OpPeek:
+		st.out = algorithms.Booking{Now: now, At: now}
+		for _, c := range claims {
+			room, blockedFor := algorithms.Peek(c.State, c.Params, now, c.Blocked)
+			st.out.Claims = append(st.out.Claims, algorithms.Counted{Remaining: room, RetryAfter: blockedFor})
+		}
+	case algorithms.OpBlock:
+		until := now + st.notBefore
+		for _, e := range entries {
+			e.blocked = max(e.blocked, until)
+		}
+		st.out = algorithms.Booking{OK: true, Now: now, At: until, Claims: make([]algorithms.Counted, len(claims))}
+	case algorithms.OpCancel:
+		for _, c := range claims {
+			c.State.Trim(c.Params, now)
+			c.State.GiveBack(c.Params, c.GiveBack, c.N)
+		}
+		st.out = algorithms.Booking{OK: true, Now: now, At: now, Claims: make([]algorithms.Counted, len(claims))}
+	default:
+		st.out = algorithms.Book(claims, now, st.notBefore, st.maxWait, st.exact)
+	}
+	for i, p := range st.parts {
+		l := p.lim.(*localLimiter)
+		e, c := entries[i], claims[i]
+		// The entry lives as long as the script would let its key live
+		// (the script sets the TTL on every call).
+		sh := l.shard(p.key)
+		life := max(c.State.ResetAfter(c.Params, now), e.blocked-now, 0) + l.slack
+		if life > 0 {
+			e.expires = now + life
+			sh.entries[p.key] = e
+			sh.sweep(now)
+		} else {
+			delete(sh.entries, p.key)
+		}
+	}
+	return nil
 }

@@ -9,9 +9,11 @@ import (
 type Option func(*options) error
 
 type options struct {
-	clock    Clock
-	prefix   string
-	inFlight int
+	clock        Clock
+	prefix       string
+	inFlight     int
+	onRedisError string
+	shares       func() int
 }
 
 // WithClock makes the limiter read time from c instead of Redis's clock (New)
@@ -24,8 +26,12 @@ func WithClock(c Clock) Option {
 	}
 }
 
+// stateVersion names the layout of the states the scripts keep: limiters
+// of a version that keeps them otherwise must not read them.
+const stateVersion = "v2"
+
 // WithPrefix sets the namespace of the limiter's keys (default
-// "sluice:<algorithm>:"). Limiters that must not share state need different
+// "sluice:<algorithm>:v2:", v2 the layout of the state). Limiters that must not share state need different
 // prefixes; limiters of different algorithms already have them. The prefix
 // may not contain '{' or '}', which would move its keys' hash tag.
 func WithPrefix(prefix string) Option {
@@ -57,7 +63,7 @@ func WithPipelining(maxInFlight int) Option {
 }
 
 func applyOptions(spec Spec, opts []Option) (options, error) {
-	o := options{prefix: "sluice:" + string(spec.Algorithm) + ":", inFlight: defaultInFlight}
+	o := options{prefix: "sluice:" + string(spec.Algorithm) + ":" + stateVersion + ":", inFlight: defaultInFlight, onRedisError: OnRedisErrorDeny}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return o, err

@@ -15,22 +15,30 @@ import (
 // The local engine keeps its state as long, so that both forget alike.
 const injectedClockSlack = time.Minute
 
-// redisLimiter runs each decision as one script call on Redis.
+// redisLimiter keeps its state in Redis; its decisions are runs of the
+// book script.
 type redisLimiter struct {
-	compiled
+	base
 	calls  *batcher
 	clock  Clock // nil: Redis TIME
 	prefix string
+	onErr  string
+	twin   *localTwin // the local policy's in-process limit; nil for the others
 }
 
-// New returns a Limiter that keeps its state in Redis (or Redis Cluster: every
-// call touches one key). Each AllowN is one atomic script run with Redis's
-// clock, so any number of processes share the limit exactly.
+var _ limiter = (*redisLimiter)(nil)
+
+// New returns a Limiter that keeps its state in Redis (or Redis Cluster).
+// Each decision is one atomic script run with Redis's clock, so any number
+// of processes share the limit exactly. It is a Reserver, and Book can
+// book it together with other limiters.
 //
-// Concurrent calls share round trips (see WithPipelining). Redis errors are
-// returned as they are. A script call that timed out, or whose context
-// ended, may have run on the server: do not retry it blindly, or it counts
-// twice.
+// Concurrent calls share round trips (see WithPipelining). Redis errors
+// are returned as they are, unless WithOnRedisError says otherwise. A
+// script call that timed out, or whose context ended, may have run on the
+// server: do not retry it blindly, or it counts twice; and give New a
+// client that does not retry either (go-redis retries by default:
+// MaxRetries -1 turns that off).
 func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) {
 	c, err := compile(spec)
 	if err != nil {
@@ -40,85 +48,57 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 	if err != nil {
 		return nil, err
 	}
-	calls := &batcher{rdb: rdb, script: c.algorithm.Script, maxInFlight: o.inFlight}
-	return &redisLimiter{compiled: c, calls: calls, clock: o.clock, prefix: o.prefix}, nil
+	l := &redisLimiter{base: base{spec: c}, calls: batcherFor(rdb, o.inFlight), clock: o.clock, prefix: o.prefix, onErr: o.onRedisError}
+	l.base.self = l
+	if o.onRedisError == OnRedisErrorLocal {
+		l.twin = &localTwin{spec: spec, shares: o.shares, clock: o.clock}
+	}
+	return l, nil
 }
 
-// run runs the script's operation name on key for n events.
-func (l *redisLimiter) run(ctx context.Context, key string, n int, name string, arg, notBefore int64) (algorithms.Result, error) {
-	state := redisKey(l.prefix, key)
-	op := &algorithms.Op{
-		Call: algorithms.Call{Key: state, BlockKey: blockKey(state), Params: l.params, Now: algorithms.Now, N: int64(n)},
-		Name: name, Arg: arg, NotBefore: notBefore,
+func (l *redisLimiter) site(key string) site {
+	s := redisSite{calls: l.calls, slot: -1}
+	if _, single := l.calls.rdb.(*redis.Client); !single {
+		s.slot = slotOf(hashTag(key))
 	}
-	if l.clock != nil {
-		op.Now, op.Slack = l.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
-	}
-	if err := l.calls.do(ctx, op); err != nil {
-		return algorithms.Result{}, l.fail(err)
-	}
-	if op.Err != nil {
-		return algorithms.Result{}, l.fail(op.Err)
-	}
-	return op.Result, nil
+	return s
 }
 
-func (l *redisLimiter) fail(err error) error {
-	return fmt.Errorf("throttle: %s script: %w", l.algorithm.Name, err)
+func (l *redisLimiter) policy() (string, limiter) {
+	if l.twin == nil {
+		return l.onErr, nil
+	}
+	return l.onErr, l.twin.limiter()
 }
 
-// AllowN implements Limiter.
-func (l *redisLimiter) AllowN(ctx context.Context, key string, n int) (Decision, error) {
-	if err := l.checkCost(n); err != nil {
-		return Decision{}, err
-	}
-	r, err := l.run(ctx, key, n, algorithms.OpAllow, 0, 0)
-	if err != nil {
-		return Decision{}, err
-	}
-	return decision(r), nil
+// redisSite is one cluster slot of one Redis (slot -1: a single server,
+// where every key is in reach of one script).
+type redisSite struct {
+	calls *batcher
+	slot  int
 }
 
-// ReserveN implements Reserver.
-func (l *redisLimiter) ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error) {
-	return l.ReserveAfter(ctx, key, n, time.Time{}, maxWait)
-}
-
-// ReserveAfter implements Reserver.
-func (l *redisLimiter) ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error) {
-	if err := l.checkReserve(n, maxWait); err != nil {
-		return Reservation{}, err
+func (s redisSite) run(ctx context.Context, st *step) error {
+	first := st.parts[0].lim.(*redisLimiter)
+	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, MaxWait: st.maxWait, Exact: st.exact}
+	if first.clock != nil {
+		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}
-	r, err := l.run(ctx, key, n, algorithms.OpReserve, maxWait.Microseconds(), unixMicros(notBefore))
-	if err != nil {
-		return Reservation{}, err
+	for i, p := range st.parts {
+		l := p.lim.(*redisLimiter)
+		state := redisKey(l.prefix, p.key)
+		c := algorithms.OpClaim{Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: p.n}
+		if st.giveBack != nil {
+			c.GiveBack = st.giveBack[i]
+		}
+		op.Claims = append(op.Claims, c)
 	}
-	return reservation(r, n), nil
-}
-
-// Peek implements Reserver.
-func (l *redisLimiter) Peek(ctx context.Context, key string) (Level, error) {
-	r, err := l.run(ctx, key, 1, algorithms.OpPeek, 0, 0)
-	if err != nil {
-		return Level{}, err
-	}
-	return Level{Remaining: int(r.Remaining), BlockedFor: micros(r.RetryAfter)}, nil
-}
-
-// Block implements Reserver.
-func (l *redisLimiter) Block(ctx context.Context, key string, d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	_, err := l.run(ctx, key, 1, algorithms.OpBlock, d.Microseconds(), 0)
-	return err
-}
-
-// Cancel implements Reserver.
-func (l *redisLimiter) Cancel(ctx context.Context, key string, r Reservation) error {
-	if err := l.checkReservation(r); err != nil {
+	if err := s.calls.do(ctx, op); err != nil {
 		return err
 	}
-	_, err := l.run(ctx, key, r.N, algorithms.OpCancel, r.At.UnixMicro(), 0)
-	return err
+	if op.Err != nil {
+		return fmt.Errorf("throttle: book script: %w", op.Err)
+	}
+	st.out = op.Result
+	return nil
 }

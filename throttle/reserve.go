@@ -3,7 +3,10 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/sluicehq/sluice/algorithms"
 )
 
 // Reserver is a Limiter that can also book the earliest turn of events that
@@ -11,23 +14,24 @@ import (
 //
 // A reservation is counted at once, at its turn: callers after it see it,
 // so a queue of waiters gets one turn each instead of all coming back
-// together. A reservation that will not be used must be given back with
-// Cancel, or its turn is lost to everyone.
+// together. Turns may be booked in any order (a turn before others booked
+// earlier, in a gap they left), and any turn can be given back exactly. A
+// reservation that will not be used must be given back with Cancel, or its
+// turn is lost to everyone.
 type Reserver interface {
 	Limiter
 	// ReserveN counts n events for key now if they fit, or else at the
 	// earliest instant they fit if that is at most maxWait away. A
-	// reservation that is not OK counted nothing.
+	// reservation that is not OK counted nothing. ReserveN is shorthand
+	// for ReserveAfter with the zero Time.
 	ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error)
 	// ReserveAfter is ReserveN with the events counted no earlier than
-	// notBefore (on the limiter's clock), so that several limits can give
-	// one caller the same turn. ReserveN is shorthand for ReserveAfter with
-	// the zero Time.
+	// notBefore (on the limiter's clock). It is shorthand for Book with one
+	// claim.
 	ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error)
-	// Cancel gives back the events of an OK reservation for key. Buckets
-	// take back only their latest reservation: for an older one, other
-	// callers were already told to wait, and giving it back could let the
-	// bucket overfill.
+	// Cancel gives back the events of an OK reservation for key, exactly:
+	// later turns keep theirs, and the room it frees goes to whoever asks
+	// next.
 	Cancel(ctx context.Context, key string, r Reservation) error
 	// Block counts nothing for key during d from now: calls are denied
 	// with RetryAfter at least until then, reservations are made after it.
@@ -45,7 +49,7 @@ type Level struct {
 	BlockedFor time.Duration // how much longer a Block holds; 0: none
 }
 
-// Reservation is the answer to ReserveN.
+// Reservation is the answer to ReserveN, and one claim's part of a Booking.
 //
 // For a leaky bucket of Limit 10 per second and Burst 1 that has just
 // admitted an event: ReserveN(key, 1, time.Second) is OK with Delay 100ms,
@@ -55,13 +59,18 @@ type Level struct {
 type Reservation struct {
 	OK    bool          // the events are counted at At; false: nothing was counted
 	Delay time.Duration // OK: act after this long (0: now); not OK: the wait after which they would fit now
-	At    time.Time     // OK: when the events are counted, on the limiter's clock (Cancel needs it)
+	At    time.Time     // OK: when the events are counted, on the limiter's clock
 	N     int           // the events reserved
 	// Remaining is how many more events fit at At.
 	Remaining int
 	// ResetAfter is how long from now until the key is back to its initial
 	// state, this reservation included.
 	ResetAfter time.Duration
+	// Fallback is the failure policy that decided the reservation because
+	// Redis failed (OnRedisErrorAllow or OnRedisErrorLocal), or "".
+	Fallback string
+
+	pieces string // what Cancel gives back
 }
 
 // AsReserver returns lim as a Reserver, if it is one.
@@ -70,16 +79,96 @@ func AsReserver(lim Limiter) (Reserver, bool) {
 	return r, ok
 }
 
-func (c compiled) checkReserve(n int, maxWait time.Duration) error {
-	if maxWait < 0 {
-		return fmt.Errorf("%w: maxWait must be >= 0, got %v", ErrInvalidCost, maxWait)
-	}
-	return c.checkCost(n)
+// base implements the Reserver methods of both engines, each as one step
+// on one key; self is the engine's limiter.
+type base struct {
+	spec compiled
+	self limiter
 }
 
-func (c compiled) checkReservation(r Reservation) error {
+func (b *base) compiled() compiled { return b.spec }
+
+// AllowN implements Limiter.
+func (b *base) AllowN(ctx context.Context, key string, n int) (Decision, error) {
+	r, err := b.ReserveAfter(ctx, key, n, time.Time{}, 0)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Decision{Allowed: r.OK, Remaining: r.Remaining, ResetAfter: r.ResetAfter}
+	if !r.OK {
+		d.RetryAfter = r.Delay
+	}
+	return d, nil
+}
+
+// ReserveN implements Reserver.
+func (b *base) ReserveN(ctx context.Context, key string, n int, maxWait time.Duration) (Reservation, error) {
+	return b.ReserveAfter(ctx, key, n, time.Time{}, maxWait)
+}
+
+// ReserveAfter implements Reserver.
+func (b *base) ReserveAfter(ctx context.Context, key string, n int, notBefore time.Time, maxWait time.Duration) (Reservation, error) {
+	bk, err := Book(ctx, []Claim{{Limiter: b.self, Key: key, N: n}}, notBefore, maxWait)
+	if err != nil {
+		return Reservation{}, err
+	}
+	r := bk.Turns[0]
+	if !r.OK {
+		// One claim: its own wait is the booking's.
+		r.Delay = max(r.Delay, bk.Delay)
+	}
+	return r, nil
+}
+
+// Cancel implements Reserver.
+func (b *base) Cancel(ctx context.Context, key string, r Reservation) error {
 	if !r.OK {
 		return fmt.Errorf("%w: Cancel of a reservation that is not OK: it counted nothing, so there is nothing to give back", ErrInvalidCost)
 	}
-	return c.checkCost(r.N)
+	if err := b.spec.checkCost(r.N); err != nil {
+		return err
+	}
+	pieces := r.pieces
+	if pieces == "" {
+		if b.spec.algorithm == algorithms.TokenBucket || b.spec.algorithm == algorithms.LeakyBucket {
+			return fmt.Errorf("%w: Cancel of a bucket's reservation needs the Reservation its call returned", ErrInvalidCost)
+		}
+		pieces = strconv.FormatInt(r.At.UnixMicro(), 10)
+	}
+	lim := b.self
+	switch r.Fallback {
+	case OnRedisErrorAllow:
+		return nil // counted nowhere
+	case OnRedisErrorLocal:
+		_, lim = b.self.policy()
+	}
+	s := &step{op: algorithms.OpCancel, giveBack: []string{pieces}}
+	return runOne(ctx, lim, key, r.N, s)
+}
+
+// Block implements Reserver.
+func (b *base) Block(ctx context.Context, key string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	return runOne(ctx, b.self, key, 1, &step{op: algorithms.OpBlock, notBefore: d.Microseconds()})
+}
+
+// Peek implements Reserver.
+func (b *base) Peek(ctx context.Context, key string) (Level, error) {
+	s := &step{op: algorithms.OpPeek}
+	if err := runOne(ctx, b.self, key, 1, s); err != nil {
+		return Level{}, err
+	}
+	if len(s.out.Claims) == 0 { // let through by the allow policy: nothing known
+		return Level{}, nil
+	}
+	c := s.out.Claims[0]
+	return Level{Remaining: int(c.Remaining), BlockedFor: micros(c.RetryAfter)}, nil
+}
+
+// runOne runs s on key of lim, with lim's failure policy.
+func runOne(ctx context.Context, lim limiter, key string, n int, s *step) error {
+	g := &group{site: lim.site(key), parts: []*part{{lim: lim, key: key, n: int64(n)}}}
+	return g.run(ctx, s)
 }

@@ -110,12 +110,37 @@ func (e *SpecError) Error() string {
 // Unwrap returns ErrInvalidSpec.
 func (e *SpecError) Unwrap() error { return ErrInvalidSpec }
 
+// WithDefaults returns s with every zero field that has a default set to
+// it: Burst to Limit, Windows to 10. Validate and New apply it; it is
+// exported so that callers that show a spec show what will run.
+func (s Spec) WithDefaults() Spec {
+	if s.Burst == 0 {
+		s.Burst = s.Limit
+	}
+	if s.Windows == 0 {
+		s.Windows = 10
+	}
+	return s
+}
+
+// Validate reports the first problem that makes s unusable, as a
+// *SpecError naming the field; nil if New and NewLocal would accept it.
+func (s Spec) Validate() error {
+	_, err := compile(s)
+	return err
+}
+
 // compiled is a validated Spec in the units the algorithms use.
 type compiled struct {
 	algorithm *algorithms.Algorithm
 	params    algorithms.Params
 	capacity  int64 // the largest n ever admitted
+	horizon   int64 // µs: the furthest ahead a turn is ever booked
 }
+
+// maxHorizon bounds how far ahead a turn is booked, for every limit:
+// further than anyone plans a task.
+const maxHorizon = int64(24 * time.Hour / time.Microsecond)
 
 func compile(spec Spec) (compiled, error) {
 	bad := func(field, format string, args ...any) (compiled, error) {
@@ -134,22 +159,34 @@ func compile(spec Spec) (compiled, error) {
 	if spec.Windows < 0 {
 		return bad("Windows", "must be >= 0 (0 means 10), got %d", spec.Windows)
 	}
+	spec = spec.WithDefaults()
 	p := algorithms.Params{
 		Limit:   int64(spec.Limit),
 		Period:  spec.Period.Microseconds(),
 		Burst:   int64(spec.Burst),
 		Windows: int64(spec.Windows),
 	}
-	if p.Burst == 0 {
-		p.Burst = p.Limit
-	}
-	if p.Windows == 0 {
-		p.Windows = 10
+	if algorithm == algorithms.FixedWindow {
+		p.Windows = 1 // a fixed window is a sliding counter of one sub-window
 	}
 	if err := algorithm.Check(p); err != nil {
 		return bad(err.Field, "%s", err.Problem)
 	}
-	return compiled{algorithm: algorithm, params: p, capacity: algorithm.Capacity(p)}, nil
+	c := compiled{algorithm: algorithm, params: p, capacity: algorithm.Capacity(p), horizon: maxHorizon}
+	if algorithm == algorithms.TokenBucket || algorithm == algorithms.LeakyBucket {
+		// A bucket counts time in units of 1/(Limit/g) µs: turns further
+		// ahead than this would not be counted exactly.
+		perMicro := p.Limit / gcd(p.Limit, p.Period)
+		c.horizon = min(c.horizon, (1<<51)/perMicro)
+	}
+	return c, nil
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 func (c compiled) checkCost(n int) error {
@@ -166,6 +203,16 @@ func (c compiled) checkCost(n int) error {
 	return nil
 }
 
+// Capacity is the largest n a single call on spec can ever be admitted
+// with (Burst for the buckets, Limit otherwise), or 0 if spec is invalid.
+func (s Spec) Capacity() int {
+	c, err := compile(s)
+	if err != nil {
+		return 0
+	}
+	return int(c.capacity)
+}
+
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
 // unixMicros is t in µs since the Unix epoch, 0 for the zero Time.
@@ -176,18 +223,3 @@ func unixMicros(t time.Time) int64 {
 	return t.UnixMicro()
 }
 
-func decision(r algorithms.Result) Decision {
-	return Decision{
-		Allowed:    r.Allowed,
-		Remaining:  int(r.Remaining),
-		RetryAfter: micros(r.RetryAfter),
-		ResetAfter: micros(r.ResetAfter),
-	}
-}
-
-func reservation(r algorithms.Result, n int) Reservation {
-	if !r.Allowed {
-		return Reservation{Delay: micros(r.RetryAfter), N: n, Remaining: int(r.Remaining), ResetAfter: micros(r.ResetAfter)}
-	}
-	return Reservation{OK: true, Delay: micros(r.Delay), At: time.UnixMicro(r.At), N: n, Remaining: int(r.Remaining), ResetAfter: micros(r.ResetAfter)}
-}

@@ -74,7 +74,16 @@ func Prefix(tb testing.TB) string {
 // never see each other's tasks.
 func Queue(tb testing.TB, suffix string) string {
 	p := strings.TrimSuffix(Prefix(tb), ":")
-	return strings.ToLower(strings.NewReplacer("/", "-", ":", "-", "test-", "").Replace(p)) + "-" + suffix
+	p = strings.ToLower(strings.NewReplacer("/", "-", ":", "-", "test-", "").Replace(p))
+	// Anything else a subtest name may hold (commas, parentheses) would
+	// need quoting in the configs tests write.
+	p = strings.Map(func(r rune) rune {
+		if 'a' <= r && r <= 'z' || '0' <= r && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, p)
+	return p + "-" + suffix
 }
 
 // QueueInfo returns asynq's view of queue on the standalone server.

@@ -84,11 +84,19 @@ func (tl *Timeline) Note(key string) {
 
 // All returns every time noted, sorted.
 func (tl *Timeline) All() []time.Time {
+	return tl.Matching(func(string) bool { return true })
+}
+
+// Matching returns the times noted under the keys for which match holds,
+// sorted.
+func (tl *Timeline) Matching(match func(key string) bool) []time.Time {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	var all []time.Time
-	for _, ts := range tl.at {
-		all = append(all, ts...)
+	for key, ts := range tl.at {
+		if match(key) {
+			all = append(all, ts...)
+		}
 	}
 	slices.SortFunc(all, time.Time.Compare)
 	return all

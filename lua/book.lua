@@ -1,0 +1,129 @@
+-- book: one operation on several keys, each a limit of its own algorithm,
+-- atomically. The twin of algorithms.Book and algorithms.Peek.
+--
+-- KEYS[2i-1], KEYS[2i] -> claim i's state and aux keys (see each algorithm)
+-- ARGV[1] -> now in µs, or '' to read Redis TIME
+-- ARGV[2] -> op: book, cancel, block or peek
+-- ARGV[3] -> book: not before (µs); block: for how long (µs)
+-- ARGV[4] -> book: the longest wait (µs); 0 counts now or never
+-- ARGV[5] -> book: '1' if the turn must be at not before exactly
+-- ARGV[6] -> TTL slack (µs), added to every TTL
+-- ARGV[7] -> how many claims
+-- ARGV[8 + 7(i-1) ...] -> claim i: algorithm, limit, period, burst,
+--            windows, n, pieces to give back first ('' for none)
+-- Output  -> {ok (1|0), now, at, then per claim: remaining, retry_after,
+--            reset_after, pieces}; times in µs, relative to now but now and
+--            at. book: at is the turn, or the earliest instant found at
+--            which all would fit. peek: retry_after is how long the key is
+--            still blocked. block: at is until when.
+
+local constructors = {
+  fixed_window = new_counter, sliding_counter = new_counter,
+  sliding_log = new_sliding_log,
+  token_bucket = new_bucket, leaky_bucket = new_bucket,
+}
+local MAX_PASSES = 16 -- see maxPasses in algorithms.go
+
+local now = clock()
+local op = ARGV[2]
+local slack = tonumber(ARGV[6])
+local claims = {}
+for i = 1, tonumber(ARGV[7]) do
+  local a = 8 + 7 * (i - 1)
+  local p = {limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
+    windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5])}
+  local g = constructors[ARGV[a]](KEYS[2 * i - 1], KEYS[2 * i], p)
+  g.trim(now)
+  claims[i] = {g = g, give_back = ARGV[a + 6]}
+end
+
+-- save writes what changed (each state knows), with a TTL that covers the
+-- state and its block.
+local function save(c)
+  local life = math.max(c.g.reset_after(now), c.g.blocked - now, 0)
+  c.g.save(math.max(1, ceildiv(life + slack, 1000)))
+end
+
+local reply = {0, now, now}
+
+if op == 'peek' then
+  for _, c in ipairs(claims) do
+    local room, blocked_for = 0, 0
+    if c.g.blocked > now then blocked_for = c.g.blocked - now else room = c.g.room(now) end
+    for _, v in ipairs({room, blocked_for, 0, ''}) do reply[#reply + 1] = v end
+    save(c) -- what trimming changed
+  end
+  return reply
+end
+
+if op == 'block' then
+  local until_ = now + tonumber(ARGV[3])
+  reply[3] = until_
+  for _, c in ipairs(claims) do
+    if until_ > c.g.blocked then c.g.block(until_) end
+    save(c)
+    for _, v in ipairs({0, 0, 0, ''}) do reply[#reply + 1] = v end
+  end
+  return reply
+end
+
+for _, c in ipairs(claims) do
+  if c.give_back ~= '' then c.g.give_back(c.give_back) end
+end
+
+if op == 'cancel' then
+  reply[1] = 1
+  for _, c in ipairs(claims) do
+    save(c)
+    for _, v in ipairs({0, 0, 0, ''}) do reply[#reply + 1] = v end
+  end
+  return reply
+end
+
+-- book: each claim alone first (its own wait tells the caller which limit
+-- refused), then the earliest instant at which all fit: each claim's
+-- earliest turn only moves forward as the instant asked about does.
+local max_wait, exact = tonumber(ARGV[4]), ARGV[5] == '1'
+local start = math.max(now, tonumber(ARGV[3]))
+local at = start
+for _, c in ipairs(claims) do
+  c.from = math.max(start, c.g.blocked)
+  c.own = c.from
+  if c.from - now <= max_wait then c.own = c.g.earliest(c.from) end
+  if c.own > at then at = c.own end
+end
+local settled = false
+local pass = 0
+while pass < MAX_PASSES and at - now <= max_wait do
+  local next_ = at
+  for _, c in ipairs(claims) do
+    next_ = c.g.earliest(next_)
+    if next_ - now > max_wait then break end
+  end
+  if next_ == at then
+    settled = true
+    break
+  end
+  at, pass = next_, pass + 1
+end
+reply[3] = at
+
+if not settled or at - now > max_wait or (exact and at ~= start) then
+  for _, c in ipairs(claims) do
+    local room = 0
+    if c.from == now then room = c.g.room(now) end
+    local reset = math.max(c.from - now, c.g.reset_after(now))
+    for _, v in ipairs({room, c.own - now, reset, ''}) do reply[#reply + 1] = v end
+    save(c) -- what trimming and giving back changed
+  end
+  return reply
+end
+
+reply[1] = 1
+for _, c in ipairs(claims) do
+  local pieces = c.g.record(at)
+  local room, reset = c.g.room(at), at - now + c.g.reset_after(at)
+  for _, v in ipairs({room, 0, reset, pieces}) do reply[#reply + 1] = v end
+  save(c)
+end
+return reply

@@ -1,0 +1,297 @@
+-- bucket: token_bucket and leaky_bucket, which admit the same events: at
+-- most burst + limit·T/period in any interval of length T. The state is the
+-- server time the counted events take, each period/limit: n events fit at x
+-- when n events' time is free within burst·period/limit of x, and they take
+-- the first free time from x on. See BucketState in algorithms/buckets.go,
+-- which this mirrors.
+--
+-- Time is counted in units of 1/(limit/g) µs, g = gcd(limit, period), from
+-- the instant ref; a span [s, e) is busy server time in those units.
+--
+-- state -> string "ref b count last [s e]": ref (µs), µs until which the key
+--          is blocked (0: not), how many spans there are, where the last one
+--          ends, and the span itself when there is one
+-- aux   -> sorted set of the spans when there are two or more: member
+--          "s e", score s
+
+local REBASE_AFTER = 2 ^ 50 -- units: see rebaseAfter in buckets.go
+
+local function new_bucket(key, spans_key, p)
+  local g = gcd(p.limit, p.period)
+  local per_micro, per_event = p.limit / g, p.period / g
+  local window, need_n = p.burst * per_event, p.n * per_event
+  local self = {blocked = 0}
+  local ref, count, last, inline = 0, 0, 0, nil
+  local state = redis.call('GET', key)
+  if state then
+    local v = nums(state)
+    ref, self.blocked, count, last = v[1], v[2], v[3], v[4]
+    if count == 1 then inline = {v[5], v[6]} end
+  end
+
+  local function member(s) return int(s[1]) .. ' ' .. int(s[2]) end
+  local function parse(m)
+    local v = nums(m)
+    return {v[1], v[2]}
+  end
+
+  -- replace puts spans new in the place of spans old, at once, so that
+  -- every later read sees them. With two or more spans they live in the
+  -- sorted set; one lives in the state.
+  local function replace(old, new)
+    local left = count - #old + #new
+    if left <= 1 then
+      local keep = new[1]
+      if left == 1 and not keep then
+        -- The one left is the span that old does not name.
+        if count == 1 then
+          keep = inline
+        else
+          local gone = {}
+          for _, s in ipairs(old) do gone[member(s)] = true end
+          for _, m in ipairs(redis.call('ZRANGE', spans_key, 0, -1)) do
+            if not gone[m] then keep = parse(m) end
+          end
+        end
+      end
+      if count > 1 then redis.call('DEL', spans_key) end
+      inline = keep
+    else
+      local add = {}
+      if count == 1 and old[1] ~= inline then
+        add[1], add[2] = inline[1], member(inline)
+      end
+      for _, s in ipairs(new) do
+        add[#add + 1], add[#add + 2] = s[1], member(s)
+      end
+      if #add > 0 then redis.call('ZADD', spans_key, unpack(add)) end
+      if count > 1 then
+        for _, s in ipairs(old) do redis.call('ZREM', spans_key, member(s)) end
+      end
+      inline = nil
+    end
+    count = left
+    for _, s in ipairs(new) do
+      if s[2] > last then last = s[2] end
+    end
+  end
+
+  -- spans(x) lists the spans that end after x, in order, fetched in pages
+  -- as the caller reads on: get(i) is the i-th, nil past the last. prev is
+  -- the span before them if it ends at x exactly (they never touch, so at
+  -- most one does).
+  local function spans(x)
+    local list, done, cursor, prev = {}, false, nil, nil
+    if count == 1 then
+      if inline[2] > x then list[1] = inline elseif inline[2] == x then prev = inline end
+      done = true
+    elseif count > 1 then
+      local before = redis.call('ZREVRANGEBYSCORE', spans_key, x, '-inf', 'LIMIT', 0, 1)
+      if before[1] then
+        local s = parse(before[1])
+        if s[2] > x then list[1] = s elseif s[2] == x then prev = s end
+      end
+      cursor = '(' .. int(x)
+    else
+      done = true
+    end
+    local function get(i)
+      while i > #list and not done do
+        local page = redis.call('ZRANGEBYSCORE', spans_key, cursor, '+inf', 'LIMIT', 0, 64)
+        for _, m in ipairs(page) do list[#list + 1] = parse(m) end
+        if #page < 64 then done = true else cursor = '(' .. int(list[#list][1]) end
+      end
+      return list[i]
+    end
+    return get, prev
+  end
+
+  local function pos(t) return (t - ref) * per_micro end
+
+  local function busy_in(from, to)
+    local get, busy, i = spans(from), 0, 1
+    while get(i) and get(i)[1] < to do
+      local s = get(i)
+      busy = busy + math.min(s[2], to) - math.max(s[1], from)
+      i = i + 1
+    end
+    return busy
+  end
+
+  function self.trim(now)
+    local x = pos(now)
+    if count > 0 and last <= x then
+      if count > 1 then redis.call('DEL', spans_key) end
+      count, inline, last = 0, nil, 0
+    elseif count > 1 then
+      local before = redis.call('ZREVRANGEBYSCORE', spans_key, x, '-inf', 'LIMIT', 0, 1)
+      if before[1] then
+        local s = parse(before[1])
+        local bound = '(' .. int(s[1])
+        if s[2] <= x then bound = int(s[1]) end
+        local gone = redis.call('ZREMRANGEBYSCORE', spans_key, '-inf', bound)
+        if gone > 0 then
+          count = count - gone
+          if count == 1 then -- the one left moves into the state
+            inline = parse(redis.call('ZRANGE', spans_key, 0, 0)[1])
+            redis.call('DEL', spans_key)
+          end
+        end
+      end
+    end
+    if count == 0 then
+      ref = now
+    elseif x > REBASE_AFTER then
+      -- Count from now again before positions grow past exactness.
+      if count == 1 then
+        inline = {inline[1] - x, inline[2] - x}
+      else
+        local all = redis.call('ZRANGE', spans_key, 0, -1)
+        redis.call('DEL', spans_key)
+        for _, m in ipairs(all) do
+          local s = parse(m)
+          redis.call('ZADD', spans_key, s[1] - x, member({s[1] - x, s[2] - x}))
+        end
+      end
+      last, ref = last - x, now
+    end
+  end
+
+  -- first_fit is the first multiple of grid in [a, b] at which the free
+  -- time free + slope·(x - a) is at least need, or nil.
+  local function first_fit(a, b, free, slope, need, grid)
+    local x = ceildiv(a, grid) * grid
+    if b and x > b then return nil end
+    if slope > 0 and free < need then
+      x = math.max(x, ceildiv(a + need - free, grid) * grid)
+    elseif free + slope * (x - a) < need then
+      return nil
+    end
+    if b and x > b then return nil end
+    return x
+  end
+
+  -- earliest walks x from at's position: the free time in [x, x + window)
+  -- changes slope only where either edge meets a span's start or end.
+  function self.earliest(at)
+    local a = pos(at)
+    local free = window - busy_in(a, a + window)
+    local left, right = spans(a), spans(a + window)
+    local li, ri = 1, 1
+    while true do
+      local ls, rs = left(li), right(ri)
+      local left_busy = ls and ls[1] <= a
+      local right_busy = rs and rs[1] <= a + window
+      local b, slope = nil, 0
+      if ls then
+        b = ls[1]
+        if left_busy then b, slope = ls[2], slope + 1 end
+      end
+      if rs then
+        local next_ = rs[1] - window
+        if right_busy then next_, slope = rs[2] - window, slope - 1 end
+        if not b or next_ < b then b = next_ end
+      end
+      local x = first_fit(a, b, free, slope, need_n, per_micro)
+      if x then return ref + x / per_micro end
+      free = free + slope * (b - a)
+      a = b
+      if left_busy and a == ls[2] then li = li + 1 end
+      if right_busy and a + window == rs[2] then ri = ri + 1 end
+    end
+  end
+
+  -- record takes the first free time from at on. Every gap it fills joins
+  -- the spans on either side, so the spans from at's to the last one
+  -- reached become one.
+  function self.record(at)
+    local x = pos(at)
+    local get, prev = spans(x)
+    local need, pieces, start, cur, j = need_n, {int(ref)}, x, x, 1
+    local merged = {}
+    if prev then
+      start = prev[1]
+      merged[1] = prev
+    elseif get(1) and get(1)[1] <= x then
+      start = get(1)[1]
+    end
+    while need > 0 do
+      local s = get(j)
+      if s and s[1] <= cur then
+        if s[2] > cur then cur = s[2] end
+        merged[#merged + 1] = s
+        j = j + 1
+      else
+        local take = need
+        if s then take = math.min(need, s[1] - cur) end
+        pieces[#pieces + 1] = int(cur)
+        pieces[#pieces + 1] = int(cur + take)
+        need, cur = need - take, cur + take
+      end
+    end
+    local s = get(j)
+    if s and s[1] == cur then -- the last piece touches the next span
+      cur = s[2]
+      merged[#merged + 1] = s
+    end
+    replace(merged, {{start, cur}})
+    return table.concat(pieces, ' ')
+  end
+
+  -- give_back frees the server time of pieces "ref s1 e1 s2 e2 ...".
+  function self.give_back(pieces)
+    local v = nums(pieces)
+    if #v < 3 or #v % 2 == 0 then return end
+    local shift = v[1] - ref
+    if shift < -REBASE_AFTER / per_micro then return end -- long gone
+    shift = shift * per_micro
+    for k = 2, #v - 1, 2 do
+      local from, to = v[k] + shift, v[k + 1] + shift
+      local get = spans(from)
+      local hit, i = {}, 1
+      while get(i) and get(i)[1] < to do
+        hit[#hit + 1] = get(i)
+        i = i + 1
+      end
+      local parts = {}
+      for _, s in ipairs(hit) do
+        if s[1] < from then parts[#parts + 1] = {s[1], from} end
+        if s[2] > to then parts[#parts + 1] = {to, s[2]} end
+      end
+      if #hit > 0 then replace(hit, parts) end
+    end
+    -- last may have been freed: ask the spans.
+    if count == 0 then
+      last = 0
+    elseif count == 1 then
+      last = inline[2]
+    else
+      last = parse(redis.call('ZRANGE', spans_key, -1, -1)[1])[2]
+    end
+  end
+
+  function self.room(at)
+    local x = pos(at)
+    return floordiv(window - busy_in(x, x + window), per_event)
+  end
+
+  function self.reset_after(at)
+    if count == 0 then return 0 end
+    return math.max(0, ceildiv(last - pos(at), per_micro))
+  end
+
+  function self.block(until_)
+    self.blocked = until_
+  end
+
+  -- save writes the state, trimmed or not: the Go twin keeps what this
+  -- keeps, also when a clock steps back.
+  function self.save(ttl)
+    local s = int(ref) .. ' ' .. int(self.blocked) .. ' ' .. int(count) .. ' ' .. int(last)
+    if count == 1 then s = s .. ' ' .. member(inline) end
+    redis.call('SET', key, s, 'PX', ttl)
+    if count > 1 then redis.call('PEXPIRE', spans_key, ttl) end
+  end
+
+  return self
+end

@@ -1,0 +1,105 @@
+-- counter: fixed_window (windows 1) and sliding_counter. Events are counted
+-- per sub-window of period / windows; events at an instant fall in every
+-- run of `windows` consecutive sub-windows that holds that instant's, and
+-- each run holds at most limit. Mirrors CounterState in
+-- algorithms/counter.go.
+--
+-- state -> string "b i1 c1 i2 c2 ...": µs until which the key is blocked
+--          (0: not), then each sub-window with events: its index
+--          (time µs // (period / windows)) and its events, by index
+-- aux   -> unused
+
+local function new_counter(key, _, p)
+  local sub, windows, n = p.period / p.windows, p.windows, p.n
+  local self = {blocked = 0}
+  local counts = {}
+  local state = redis.call('GET', key)
+  if state then
+    local v = nums(state)
+    self.blocked = v[1]
+    for i = 2, #v - 1, 2 do counts[v[i]] = v[i + 1] end
+  end
+
+  local function count(i) return counts[i] or 0 end
+
+  function self.trim(now)
+    local oldest = floordiv(now, sub) - windows
+    for i in pairs(counts) do
+      if i <= oldest then counts[i] = nil end
+    end
+  end
+
+  -- runs returns the largest total of a run of `windows` sub-windows that
+  -- holds sub-window i, and the last run (by its last sub-window) whose
+  -- total is above most, or i - 1 if none is.
+  local function runs(i, most)
+    local total = 0
+    for k = i - windows + 1, i do total = total + count(k) end
+    local largest, last_over = total, i - 1
+    for j = i, i + windows - 1 do
+      if total > most then last_over = j end
+      if total > largest then largest = total end
+      total = total + count(j + 1) - count(j + 1 - windows)
+    end
+    return largest, last_over
+  end
+
+  function self.earliest(at)
+    local i = floordiv(at, sub)
+    while true do
+      local _, over = runs(i, p.limit - n)
+      if over < i then return math.max(at, i * sub) end
+      i = over + 1 -- every run up to over must be left behind
+    end
+  end
+
+  function self.record(at)
+    local i = floordiv(at, sub)
+    counts[i] = count(i) + n
+    return int(at)
+  end
+
+  function self.give_back(pieces)
+    local at = tonumber(pieces)
+    if not at then return end
+    local i = floordiv(at, sub)
+    if counts[i] then
+      counts[i] = counts[i] - n
+      if counts[i] <= 0 then counts[i] = nil end
+    end
+  end
+
+  function self.room(at)
+    local largest = runs(floordiv(at, sub), p.limit)
+    return math.max(0, p.limit - largest)
+  end
+
+  function self.reset_after(at)
+    local latest = nil
+    for i in pairs(counts) do
+      if not latest or i > latest then latest = i end
+    end
+    if not latest then return 0 end
+    return math.max(0, (latest + windows) * sub - at)
+  end
+
+  function self.block(until_)
+    self.blocked = until_
+  end
+
+  -- save writes the state, trimmed or not: the Go twin keeps what this
+  -- keeps, also when a clock steps back.
+  function self.save(ttl)
+    local indexes = {}
+    for i in pairs(counts) do indexes[#indexes + 1] = i end
+    table.sort(indexes)
+    local parts = {int(self.blocked)}
+    for _, i in ipairs(indexes) do
+      parts[#parts + 1] = int(i)
+      parts[#parts + 1] = int(counts[i])
+    end
+    redis.call('SET', key, table.concat(parts, ' '), 'PX', ttl)
+  end
+
+  return self
+end

@@ -1,0 +1,366 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
+
+// Claim is n events on one key of one limiter: a part of a Book.
+type Claim struct {
+	Limiter Limiter // from New or NewLocal
+	Key     string
+	N       int
+}
+
+// Booking is the answer to Book.
+//
+// Booking a task on a queue's drain of 25/s (burst 1) that has just given
+// a turn, and on an API's quota of 10/s that has 3 tokens left: OK, Delay
+// 40ms (the drain's next turn), At now+40ms, and Turns[1].Remaining 2.
+type Booking struct {
+	// OK: every claim's events are counted at At. Not OK: none are.
+	OK bool
+	// At is when the events are counted, on the limiters' clock.
+	At time.Time
+	// Delay is, when OK, how long from now until At; when not OK, how long
+	// until the earliest instant found at which all of them might fit.
+	Delay time.Duration
+	// Turns has one Reservation per claim, in order. When OK, each claim's
+	// turn (Reserver.Cancel gives it back). When not OK, each claim's own
+	// answer: its Delay is the wait after which it alone would fit.
+	Turns []Reservation
+}
+
+// Book counts every claim's events at one instant: the earliest, not
+// before notBefore, at which all of them fit, if that is at most maxWait
+// away (0: now or never). It counts all of them or none. Each limit sees
+// the events at the instant they happen, so no limit's capacity is lost to
+// another's wait and none is exceeded.
+//
+// Claims whose keys share a Redis Cluster slot (all claims, on a single
+// Redis server) are booked in one atomic script run: one round trip. Claims
+// in several slots are booked by a protocol that is exact too: each slot
+// books its claims at its earliest instant; slots whose turn is earlier than
+// the latest give theirs back and book at that instant exactly, in the
+// same script run; a slot that cannot moves the instant on. Two round trips
+// when the slots disagree, one when they agree; between the first and the
+// second, a slot holds a turn it may give back (the window in which a
+// concurrent caller can see it counted).
+//
+// A claim whose Redis fails is decided by its limiter's failure policy
+// (WithOnRedisError): deny fails the Book with an error that wraps
+// ErrRedisDenied; allow lets the claim through uncounted; local books it on
+// an in-process twin of its limit.
+func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time.Duration) (Booking, error) {
+	if maxWait < 0 {
+		return Booking{}, fmt.Errorf("%w: maxWait must be >= 0, got %v", ErrInvalidCost, maxWait)
+	}
+	parts, err := partsOf(claims)
+	if err != nil {
+		return Booking{}, err
+	}
+	wait := maxWait.Microseconds()
+	for _, p := range parts {
+		wait = min(wait, p.lim.compiled().horizon)
+	}
+	b := &booker{parts: parts, notBefore: unixMicros(notBefore), maxWait: wait}
+	return b.book(ctx)
+}
+
+// ErrRedisDenied is wrapped by the error of a call that Redis could not
+// decide, on a limiter whose failure policy is deny.
+var ErrRedisDenied = errors.New("throttle: redis failed and the limit's policy is deny")
+
+// limiter is what Book needs of a Limiter from New or NewLocal.
+type limiter interface {
+	Reserver
+	compiled() compiled
+	// site is where key's claims are decided: claims of one site are
+	// decided together, in one atomic step.
+	site(key string) site
+	// policy is what to do when its site fails, and the local twin.
+	policy() (string, limiter)
+}
+
+// site decides the claims of one step atomically.
+type site interface {
+	run(ctx context.Context, s *step) error
+}
+
+// part is one claim on the limiter that decides it.
+type part struct {
+	claim    int // its index in the Book
+	lim      limiter
+	key      string
+	n        int64
+	fallback string // the failure policy that decides it, or ""
+}
+
+// step is one operation on the parts of one site, and once run, its
+// outcome.
+type step struct {
+	op        string // algorithms.OpBook, OpCancel, OpBlock or OpPeek
+	parts     []*part
+	notBefore int64    // book: µs; block: the block's length
+	maxWait   int64    // book
+	exact     bool     // book
+	giveBack  []string // per part, or nil
+	out       algorithms.Booking
+}
+
+func partsOf(claims []Claim) ([]*part, error) {
+	parts := make([]*part, len(claims))
+	for i, c := range claims {
+		lim, ok := c.Limiter.(limiter)
+		if !ok {
+			return nil, fmt.Errorf("throttle: Book: claim %d: limiter %T is not one of New or NewLocal", i, c.Limiter)
+		}
+		if err := lim.compiled().checkCost(c.N); err != nil {
+			if len(claims) > 1 {
+				err = fmt.Errorf("claim %d: %w", i, err)
+			}
+			return nil, err
+		}
+		for _, p := range parts[:i] {
+			if p.lim == lim && p.key == c.Key {
+				return nil, fmt.Errorf("%w: claims %d and %d are on the same key %q of one limiter: make them one claim", ErrInvalidCost, p.claim, i, c.Key)
+			}
+		}
+		parts[i] = &part{claim: i, lim: lim, key: c.Key, n: int64(c.N)}
+	}
+	return parts, nil
+}
+
+// group is the parts of one site, and the turn they hold.
+type group struct {
+	site    site
+	parts   []*part
+	allowed []*part // let through by the allow policy: nothing to book
+	held    bool    // the parts are counted at at
+	at      int64
+	pieces  []string
+	out     algorithms.Booking // the last step's outcome
+}
+
+func groupsOf(parts []*part) []*group {
+	var groups []*group
+	bySite := map[site]*group{}
+	for _, p := range parts {
+		s := p.lim.site(p.key)
+		g := bySite[s]
+		if g == nil {
+			g = &group{site: s}
+			bySite[s] = g
+			groups = append(groups, g)
+		}
+		g.parts = append(g.parts, p)
+	}
+	return groups
+}
+
+// run runs s on g's site. When the site fails, each part's failure policy
+// decides it: a deny fails the step; allow takes the part out of the step;
+// local moves it to its limiter's local twin, where s runs again.
+func (g *group) run(ctx context.Context, s *step) error {
+	s.parts = g.parts
+	err := g.site.run(ctx, s)
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrInvalidCost) {
+		return err
+	}
+	var twins []*part
+	for _, p := range g.parts {
+		policy, twin := p.lim.policy()
+		switch policy {
+		case OnRedisErrorAllow:
+			p.fallback = OnRedisErrorAllow
+			g.allowed = append(g.allowed, p)
+		case OnRedisErrorLocal:
+			twins = append(twins, &part{claim: p.claim, lim: twin, key: p.key, n: p.n, fallback: OnRedisErrorLocal})
+		default:
+			return fmt.Errorf("%w: %w", ErrRedisDenied, err)
+		}
+	}
+	g.parts, g.site = twins, localSite{}
+	if s.giveBack != nil {
+		// What the twins give back was counted on Redis, if anywhere.
+		s.giveBack = make([]string, len(twins))
+	}
+	s.parts = twins
+	if len(twins) == 0 {
+		s.out = algorithms.Booking{OK: true, At: s.notBefore}
+		return nil
+	}
+	return g.site.run(ctx, s)
+}
+
+// booker runs one Book.
+type booker struct {
+	parts     []*part
+	notBefore int64
+	maxWait   int64
+}
+
+// maxRounds bounds the rounds in which slots that disagree move their
+// turns to one instant; each round moves the instant on.
+const maxRounds = 8
+
+func (b *booker) book(ctx context.Context) (Booking, error) {
+	groups := groupsOf(b.parts)
+	if err := b.each(ctx, groups, func(g *group) *step {
+		return &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait}
+	}); err != nil {
+		return Booking{}, err
+	}
+	at, agreed := b.settle(groups)
+	for round := 0; !agreed && round < maxRounds; round++ {
+		var refused bool
+		for _, g := range groups {
+			refused = refused || (!g.held && !g.out.OK)
+		}
+		if refused && at-groups[0].out.Now > b.maxWait {
+			break
+		}
+		err := b.each(ctx, groups, func(g *group) *step {
+			if g.held && g.at == at {
+				return nil
+			}
+			s := &step{op: algorithms.OpBook, notBefore: at, maxWait: b.maxWait, exact: true}
+			if g.held {
+				s.giveBack = g.pieces
+			}
+			return s
+		})
+		if err != nil {
+			return Booking{}, err
+		}
+		at, agreed = b.settle(groups)
+	}
+	if !agreed {
+		b.cancel(ctx, groups)
+		return b.refusal(groups, at), nil
+	}
+	return b.success(groups, at), nil
+}
+
+// settle notes each group's outcome and returns the latest instant any
+// offered, and whether every group holds a turn there.
+func (b *booker) settle(groups []*group) (at int64, agreed bool) {
+	agreed = true
+	for _, g := range groups {
+		g.held = g.out.OK
+		if g.out.OK {
+			g.at = g.out.At
+			g.pieces = g.pieces[:0]
+			for _, c := range g.out.Claims {
+				g.pieces = append(g.pieces, c.Pieces)
+			}
+		}
+		at = max(at, g.out.At)
+	}
+	for _, g := range groups {
+		agreed = agreed && g.held && g.at == at
+	}
+	return at, agreed
+}
+
+// each runs the step stepOf gives each group (nil: none), all groups at
+// once. If a group fails, the turns the others hold are given back.
+func (b *booker) each(ctx context.Context, groups []*group, stepOf func(*group) *step) error {
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		s := stepOf(g)
+		if s == nil {
+			continue
+		}
+		run := func() {
+			errs[i] = g.run(ctx, s)
+			g.out = s.out
+			if s.giveBack != nil && errs[i] == nil {
+				g.held = false // given back in the same step
+			}
+		}
+		if len(groups) == 1 {
+			run()
+		} else {
+			wg.Go(run)
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for i, g := range groups {
+			if errs[i] != nil {
+				g.held = false
+			}
+		}
+		b.cancel(ctx, groups)
+		return err
+	}
+	return nil
+}
+
+// cancel gives back every turn the groups hold, even if ctx has ended:
+// else the turns stay counted.
+func (b *booker) cancel(ctx context.Context, groups []*group) {
+	ctx = context.WithoutCancel(ctx)
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		if !g.held || len(g.parts) == 0 {
+			continue
+		}
+		wg.Go(func() {
+			// A turn that cannot be given back stays counted: under-use, never excess.
+			_ = g.site.run(ctx, &step{op: algorithms.OpCancel, parts: g.parts, giveBack: g.pieces})
+			g.held = false
+		})
+	}
+	wg.Wait()
+}
+
+func (b *booker) success(groups []*group, at int64) Booking {
+	now := int64(0)
+	for _, g := range groups {
+		now = max(now, g.out.Now)
+	}
+	bk := Booking{OK: true, At: time.UnixMicro(at), Delay: micros(max(0, at-now)), Turns: make([]Reservation, len(b.parts))}
+	for _, g := range groups {
+		for i, p := range g.parts {
+			c := g.out.Claims[i]
+			bk.Turns[p.claim] = Reservation{
+				OK: true, Delay: bk.Delay, At: bk.At, N: int(p.n),
+				Remaining: int(c.Remaining), ResetAfter: micros(c.ResetAfter),
+				Fallback: p.fallback, pieces: c.Pieces,
+			}
+		}
+		for _, p := range g.allowed {
+			bk.Turns[p.claim] = Reservation{OK: true, Delay: bk.Delay, At: bk.At, N: int(p.n), Fallback: p.fallback}
+		}
+	}
+	return bk
+}
+
+func (b *booker) refusal(groups []*group, at int64) Booking {
+	now := int64(0)
+	for _, g := range groups {
+		now = max(now, g.out.Now)
+	}
+	bk := Booking{At: time.UnixMicro(at), Delay: micros(max(0, at-now)), Turns: make([]Reservation, len(b.parts))}
+	for _, g := range groups {
+		for i, p := range g.parts {
+			c := g.out.Claims[i]
+			bk.Turns[p.claim] = Reservation{
+				Delay: micros(max(0, c.RetryAfter)), N: int(p.n),
+				Remaining: int(c.Remaining), ResetAfter: micros(c.ResetAfter), Fallback: p.fallback,
+			}
+		}
+		for _, p := range g.allowed {
+			bk.Turns[p.claim] = Reservation{N: int(p.n), Fallback: p.fallback}
+		}
+	}
+	return bk
+}
