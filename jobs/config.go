@@ -64,11 +64,12 @@ type HTTPConfig struct {
 	Allow []string // host names it may call (any port)
 }
 
-// The failure policies of a gate whose Redis cannot be reached.
+// The failure policies of a gate whose Redis cannot be reached: package
+// throttle's, named here for config.yaml's on_redis_error.
 const (
-	OnRedisErrorDeny  = "deny"  // the task waits: safest for quotas that cost money
-	OnRedisErrorAllow = "allow" // the task runs: availability first
-	OnRedisErrorLocal = "local" // an in-process limiter at the limit divided by the live workers
+	OnRedisErrorDeny  = throttle.OnRedisErrorDeny  // the task waits in Redis: safest for quotas that cost money
+	OnRedisErrorAllow = throttle.OnRedisErrorAllow // the task runs: availability first
+	OnRedisErrorLocal = throttle.OnRedisErrorLocal // an in-process limiter at the limit divided by the live workers
 )
 
 // Defaults returns c with every unset value at its default.
@@ -171,6 +172,18 @@ func (c Config) Validate() []error {
 		if t.Cost < 1 {
 			bad(key+".cost", "must be >= 1, got %d", t.Cost)
 		}
+		// A task that costs more than a gate can ever admit at once would
+		// wait forever.
+		for _, quota := range t.Quotas {
+			if l, ok := c.Quotas[quota]; ok && t.Cost > l.Spec().Capacity() && l.Spec().Validate() == nil {
+				bad(key+".cost", "%d is more than quota %q can ever admit at once (%d); lower the cost or raise the quota's burst", t.Cost, quota, l.Spec().Capacity())
+			}
+		}
+		for _, queue := range sortedKeys(c.Queues) {
+			if d := c.Queues[queue].Drain; d != nil && t.Cost > d.Spec().Capacity() && d.Spec().Validate() == nil {
+				bad(key+".cost", "%d is more than queues.%s.drain can ever admit at once (%d), and a task may be enqueued into any queue; lower the cost or raise the drain's burst", t.Cost, queue, d.Spec().Capacity())
+			}
+		}
 		if t.Concurrency < 0 {
 			bad(key+".concurrency", "must be >= 0 (0: no limit), got %d", t.Concurrency)
 		}
@@ -185,7 +198,7 @@ func (l LimitConfig) validate(key string) []error {
 	default:
 		errs = append(errs, fmt.Errorf("%s.on_redis_error: must be deny, allow or local, got %q", key, l.OnRedisError))
 	}
-	if _, err := throttle.NewLocal(l.Spec()); err != nil {
+	if err := l.Spec().Validate(); err != nil {
 		var bad *throttle.SpecError
 		if errors.As(err, &bad) {
 			// Name the key as config.yaml spells it.

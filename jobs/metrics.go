@@ -7,7 +7,10 @@ import "github.com/prometheus/client_golang/prometheus"
 // come from the config, never from task payloads.
 type Metrics struct {
 	decisions     *prometheus.CounterVec   // gate, result
+	bookings      *prometheus.CounterVec   // queue
 	evaluations   *prometheus.CounterVec   // gate
+	lateTurns     prometheus.Counter
+	woken         prometheus.Counter
 	throttled     *prometheus.CounterVec   // queue, how
 	waited        *prometheus.CounterVec   // queue
 	remaining     *prometheus.GaugeVec     // gate
@@ -25,10 +28,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_gate_decisions_total",
 			Help: "Gate decisions by result: now (passed at once), reserved (given a later turn), deferred (no turn within worker.reserve_max), held (a turn booked earlier).",
 		}, []string{"gate", "result"}),
+		bookings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_bookings_total",
+			Help: "Limiter calls that booked a task's turn on all its rate gates at once (one round trip per Redis Cluster slot).",
+		}, []string{"queue"}),
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gate_evaluations_total",
-			Help: "Limiter script calls made by a gate (reserve and cancel).",
+			Help: "Limiter calls a gate took part in (bookings, and turns given back).",
 		}, []string{"gate"}),
+		woken: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_woken_tasks_total",
+			Help: "Tasks that waited in Redis, moved back to pending on time by this worker (see the wake set).",
+		}),
+		lateTurns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_late_turns_total",
+			Help: "Turns a task came back for more than 100ms after their instant (a pause, an outage, a busy fleet): booked again rather than run late.",
+		}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_throttled_tasks_total",
 			Help: "Tasks that had to wait for their turn, by how: held (in the worker) or requeued (scheduled in Redis for their turn).",
@@ -63,7 +78,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Tasks whose handler ran, by result (ok or error).",
 		}, []string{"queue", "type", "result"}),
 	}
-	reg.MustRegister(m.decisions, m.evaluations, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.decisions, m.bookings, m.evaluations, m.lateTurns, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed)
 	return m
 }

@@ -2,7 +2,8 @@ package jobs
 
 import (
 	"encoding/json"
-	"time"
+
+	"github.com/sluicehq/sluice/throttle"
 )
 
 // Task headers through which a task carries what the gates gave it across
@@ -14,12 +15,16 @@ const (
 	headerHop    = "sluice-hop"    // how many times it went back to Redis
 )
 
-// heldTurn is a turn booked by one gate (its tag: name@version of its
-// limit): n events counted at At (µs on the limiter's clock, Redis's).
+// maxTurnsHeader bounds the turns header: it comes from whoever enqueued
+// the task, and is read before anything else.
+const maxTurnsHeader = 64 << 10
+
+// heldTurn is the turn one gate (its tag: name@version of its limit) gave
+// a task: its instant on the limiter's clock, and what giving it back
+// gives back.
 type heldTurn struct {
-	Gate string `json:"gate"`
-	At   int64  `json:"at"`
-	N    int    `json:"n"`
+	Gate string               `json:"gate"`
+	Turn throttle.Reservation `json:"turn"`
 }
 
 // readTurns returns the turns a task carries, by gate. A header that does
@@ -27,7 +32,7 @@ type heldTurn struct {
 // capacity but never exceeds a limit.
 func readTurns(headers map[string]string) map[string]heldTurn {
 	raw := headers[headerTurns]
-	if raw == "" {
+	if raw == "" || len(raw) > maxTurnsHeader {
 		return nil
 	}
 	var turns []heldTurn
@@ -36,7 +41,7 @@ func readTurns(headers map[string]string) map[string]heldTurn {
 	}
 	byGate := make(map[string]heldTurn, len(turns))
 	for _, t := range turns {
-		if t.Gate != "" && t.N > 0 {
+		if t.Gate != "" && t.Turn.OK {
 			byGate[t.Gate] = t
 		}
 	}
@@ -44,8 +49,6 @@ func readTurns(headers map[string]string) map[string]heldTurn {
 }
 
 func writeTurns(turns []heldTurn) string {
-	b, _ := json.Marshal(turns) // a slice of plain structs always marshals
+	b, _ := json.Marshal(turns) // OK reservations always marshal
 	return string(b)
 }
-
-func (t heldTurn) at() time.Time { return time.UnixMicro(t.At) }

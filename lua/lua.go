@@ -1,5 +1,6 @@
 // Package lua holds sluice's Redis scripts: Book, the one script of every
-// rate limit, and the fleet-wide semaphore.
+// rate limit; the fleet-wide semaphore; and Wake, which brings waiting tasks
+// back on time.
 //
 // Book is common.lua (clock, exact integer division), one constructor per
 // kind of state (counter.lua: fixed_window and sliding_counter;
@@ -22,6 +23,10 @@ var Book = join("common.lua", "counter.lua", "sliding_log.lua", "bucket.lua", "b
 
 // Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
 var Semaphore = join("common.lua", "semaphore.lua")
+
+// Wake takes the tasks of a queue that are due back from their wait (see
+// wake.lua).
+var Wake = join("common.lua", "wake.lua")
 
 func join(names ...string) string {
 	var s string

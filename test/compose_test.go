@@ -127,6 +127,18 @@ func (r *fleetRun) counter(t *testing.T, name string, match ...string) float64 {
 	return sum
 }
 
+// costs reports what the run cost per task: limiter calls (bookings, one
+// per task and slot) and gate evaluations, trips back to Redis, turns come
+// back for too late.
+func (r *fleetRun) costs(t *testing.T, tasks int) string {
+	t.Helper()
+	n := float64(tasks)
+	return fmt.Sprintf("per task: %.2f bookings, %.2f gate evaluations, %.2f requeues, %.2f held in a worker; %v late turns",
+		r.counter(t, "sluice_bookings_total")/n, r.counter(t, "sluice_gate_evaluations_total")/n,
+		r.counter(t, "sluice_throttled_tasks_total", `how="requeued"`)/n, r.counter(t, "sluice_throttled_tasks_total", `how="held"`)/n,
+		r.counter(t, "sluice_late_turns_total"))
+}
+
 // finish waits for n requests, lets duplicates show, and checks that each
 // of n distinct tasks ran once and that nothing is left in queues.
 func (r *fleetRun) finish(t *testing.T, n int, d time.Duration, queues ...string) []time.Time {
@@ -189,8 +201,7 @@ http: {allow: [127.0.0.1]}
 	r.enqueue(t, queue, "r", tasks)
 	arrivals := r.finish(t, tasks, 40*time.Second, queue)
 	got, most := rate(arrivals), testkit.MaxInWindow(arrivals, time.Second)
-	calls := r.counter(t, "sluice_gate_evaluations_total") / tasks
-	t.Logf("%d requests at %.3f/s, at most %d in a second; %.2f limiter calls per task", len(arrivals), got, most, calls)
+	t.Logf("%d requests at %.3f/s, at most %d in a second; %s", len(arrivals), got, most, r.costs(t, tasks))
 	if got < 24.5 || got > 25.5 {
 		t.Errorf("drained at %.3f/s, want 25/s within 2%%", got)
 	}
@@ -217,7 +228,7 @@ http: {allow: [127.0.0.1]}
 	r.enqueue(t, queue, "r", tasks)
 	arrivals := r.finish(t, tasks, 40*time.Second, queue)
 	over, used := overAllowance(arrivals, 5, 10), quotaUse(arrivals, 5, 10)
-	t.Logf("%d requests at %.3f/s: %.1f%% of the quota used, at most %.2f over 5 + 10·T", len(arrivals), rate(arrivals), 100*used, over)
+	t.Logf("%d requests at %.3f/s: %.1f%% of the quota used, at most %.2f over 5 + 10·T; %s", len(arrivals), rate(arrivals), 100*used, over, r.costs(t, tasks))
 	if over > 0 {
 		t.Errorf("some interval saw %.2f requests over 5 + 10·T", over)
 	}

@@ -485,8 +485,8 @@ func TestEnqueueStatusWatch(t *testing.T) {
 func TestEnqueueFileRedisFailure(t *testing.T) {
 	t.Parallel()
 	const lines = 100_000
-	srv := startRedis(t) // append only, fsync always: what it acknowledged survives a kill -9
-	addr := srv.addr
+	srv := redistest.StartServer(t) // append only, fsync always: what it acknowledged survives a kill -9
+	addr := srv.Addr
 	queue := redistest.Queue(t, "kill")
 	config := enqueueConfig(t, queue)
 	path := writeLines(t, lines, func(i int) string {
@@ -511,7 +511,7 @@ func TestEnqueueFileRedisFailure(t *testing.T) {
 	for sc.Scan() {
 		stderr.WriteString(sc.Text() + "\n")
 		if !killed && progress.MatchString(sc.Text()) {
-			srv.kill(t)
+			srv.Kill()
 			killed = true
 		}
 	}
@@ -567,7 +567,7 @@ func TestEnqueueFileRedisFailure(t *testing.T) {
 	}
 
 	// After a restart, Redis holds what the report says.
-	srv.start(t)
+	srv.Start(t)
 	ids := taskIDs(t, addr, queue)
 	uncertainLanded := 0
 	for line := 1; line <= lines; line++ {

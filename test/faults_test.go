@@ -1,18 +1,12 @@
 package test
 
 import (
-	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -58,7 +52,7 @@ http: {allow: [127.0.0.1]}
 // started again mid-run: no task is lost and no worker needs a restart.
 func TestRedisRestart(t *testing.T) {
 	const tasks = 150
-	srv := startRedis(t)
+	srv := redistest.StartServer(t)
 	u := newUpstream(t)
 	queue := redistest.Queue(t, "q")
 	config := writeConfig(t, fmt.Sprintf(`
@@ -66,11 +60,11 @@ redis: {addr: %s}
 queues:
   %s: {drain: {limit: 20, period: 1s, burst: 1}}
 http: {allow: [127.0.0.1]}
-`, srv.addr, queue))
+`, srv.Addr, queue))
 	for range 2 {
 		startWorker(t, config)
 	}
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: srv.addr})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: srv.Addr})
 	defer client.Close()
 	for i := 0; i < tasks; i++ {
 		task, _ := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/r/%d", u.URL, i)})
@@ -79,56 +73,9 @@ http: {allow: [127.0.0.1]}
 		}
 	}
 	testkit.WaitFor(t, 20*time.Second, "the run to get going", func() bool { return len(u.All()) >= 40 })
-	srv.kill(t)
+	srv.Kill()
 	time.Sleep(time.Second)
-	srv.start(t)
+	srv.Start(t)
 	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.Distinct() >= tasks })
 	t.Logf("%d tasks, %d requests", tasks, len(u.All()))
-}
-
-// redisServer is a redis-server of the test's own, which it may kill.
-type redisServer struct {
-	addr, dir string
-	cmd       *exec.Cmd
-}
-
-func startRedis(t *testing.T) *redisServer {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	s := &redisServer{addr: addr, dir: t.TempDir()}
-	s.start(t)
-	t.Cleanup(func() { s.kill(t) })
-	return s
-}
-
-func (s *redisServer) start(t *testing.T) {
-	t.Helper()
-	server := os.Getenv("SLUICE_TEST_REDIS_SERVER")
-	if server == "" {
-		t.Fatal("SLUICE_TEST_REDIS_SERVER is not set: run the tests with `make test`")
-	}
-	_, port, _ := net.SplitHostPort(s.addr)
-	s.cmd = exec.Command(server, "--port", port, "--bind", "127.0.0.1", "--dir", s.dir,
-		"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--logfile", filepath.Join(s.dir, "redis.log"))
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// PING fails with LOADING until the append-only file is read back.
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
-	defer rdb.Close()
-	testkit.WaitFor(t, 20*time.Second, "redis-server to answer PING", func() bool {
-		return rdb.Ping(context.Background()).Err() == nil
-	})
-}
-
-func (s *redisServer) kill(t *testing.T) {
-	if s.cmd != nil && s.cmd.ProcessState == nil {
-		s.cmd.Process.Kill()
-		s.cmd.Wait()
-	}
 }

@@ -15,6 +15,10 @@ type Claim struct {
 	Limiter Limiter // from New or NewLocal
 	Key     string
 	N       int
+	// Replaces, if not nil, is an earlier turn of the same key that this
+	// claim's turn takes the place of: it is given back in the same atomic
+	// step, whatever the outcome (a turn that moves).
+	Replaces *Reservation
 }
 
 // Booking is the answer to Book.
@@ -99,6 +103,7 @@ type part struct {
 	key      string
 	n        int64
 	fallback string // the failure policy that decides it, or ""
+	replaces string // the pieces of the turn it replaces, or ""
 }
 
 // step is one operation on the parts of one site, and once run, its
@@ -132,6 +137,9 @@ func partsOf(claims []Claim) ([]*part, error) {
 			}
 		}
 		parts[i] = &part{claim: i, lim: lim, key: c.Key, n: int64(c.N)}
+		if r := c.Replaces; r != nil && r.OK && r.Fallback == "" {
+			parts[i].replaces = lim.compiled().piecesOf(*r)
+		}
 	}
 	return parts, nil
 }
@@ -192,7 +200,6 @@ func (g *group) run(ctx context.Context, s *step) error {
 	}
 	s.parts = twins
 	if len(twins) == 0 {
-		s.out = algorithms.Booking{OK: true, At: s.notBefore}
 		return nil
 	}
 	return g.site.run(ctx, s)
@@ -212,7 +219,17 @@ const maxRounds = 8
 func (b *booker) book(ctx context.Context) (Booking, error) {
 	groups := groupsOf(b.parts)
 	if err := b.each(ctx, groups, func(g *group) *step {
-		return &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait}
+		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait}
+		for _, p := range g.parts {
+			if p.replaces != "" {
+				s.giveBack = make([]string, len(g.parts))
+				for i, p := range g.parts {
+					s.giveBack[i] = p.replaces
+				}
+				break
+			}
+		}
+		return s
 	}); err != nil {
 		return Booking{}, err
 	}
@@ -252,18 +269,12 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 func (b *booker) settle(groups []*group) (at int64, agreed bool) {
 	agreed = true
 	for _, g := range groups {
-		g.held = g.out.OK
-		if g.out.OK {
-			g.at = g.out.At
-			g.pieces = g.pieces[:0]
-			for _, c := range g.out.Claims {
-				g.pieces = append(g.pieces, c.Pieces)
-			}
+		if len(g.parts) > 0 {
+			at = max(at, g.out.At)
 		}
-		at = max(at, g.out.At)
 	}
 	for _, g := range groups {
-		agreed = agreed && g.held && g.at == at
+		agreed = agreed && (len(g.parts) == 0 || g.held && g.at == at)
 	}
 	return at, agreed
 }
@@ -275,14 +286,20 @@ func (b *booker) each(ctx context.Context, groups []*group, stepOf func(*group) 
 	var wg sync.WaitGroup
 	for i, g := range groups {
 		s := stepOf(g)
-		if s == nil {
+		if s == nil || len(g.parts) == 0 { // all let through by the allow policy
 			continue
 		}
 		run := func() {
-			errs[i] = g.run(ctx, s)
-			g.out = s.out
-			if s.giveBack != nil && errs[i] == nil {
-				g.held = false // given back in the same step
+			if errs[i] = g.run(ctx, s); errs[i] != nil {
+				return
+			}
+			// What the group held was given back in the same step.
+			g.out, g.held = s.out, s.out.OK
+			if g.held {
+				g.at, g.pieces = s.out.At, g.pieces[:0]
+				for _, c := range s.out.Claims {
+					g.pieces = append(g.pieces, c.Pieces)
+				}
 			}
 		}
 		if len(groups) == 1 {

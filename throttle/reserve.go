@@ -2,8 +2,10 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/algorithms"
@@ -79,6 +81,62 @@ func AsReserver(lim Limiter) (Reserver, bool) {
 	return r, ok
 }
 
+// piecesOf is what giving r back gives back: what its call returned, or
+// for the windowed algorithms, whose turns are their instants, r.At.
+func (c compiled) piecesOf(r Reservation) string {
+	if r.pieces != "" || c.algorithm == algorithms.TokenBucket || c.algorithm == algorithms.LeakyBucket {
+		return r.pieces
+	}
+	return strconv.FormatInt(r.At.UnixMicro(), 10)
+}
+
+// maxTurnText bounds the text of a Reservation (UnmarshalText): a turn in a
+// task's headers comes from whoever enqueued the task.
+const maxTurnText = 4096
+
+// MarshalText encodes an OK reservation so that another process can use it
+// or give it back (Cancel, Claim.Replaces): its instant, its events, the
+// policy that made it and what giving it back gives back.
+func (r Reservation) MarshalText() ([]byte, error) {
+	if !r.OK {
+		return nil, errors.New("throttle: a reservation that is not OK holds no turn to keep")
+	}
+	return fmt.Appendf(nil, "%d;%d;%s;%s", r.At.UnixMicro(), r.N, r.Fallback, r.pieces), nil
+}
+
+// UnmarshalText decodes what MarshalText wrote, checking every field: the
+// text may have travelled through hands that are not trusted.
+func (r *Reservation) UnmarshalText(text []byte) error {
+	bad := func(why string) error { return fmt.Errorf("throttle: reservation text %.40q: %s", text, why) }
+	if len(text) > maxTurnText {
+		return bad(fmt.Sprintf("longer than %d bytes", maxTurnText))
+	}
+	fields := strings.SplitN(string(text), ";", 4)
+	if len(fields) != 4 {
+		return bad("want at;n;fallback;pieces")
+	}
+	at, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil || at <= 0 || at >= algorithms.MaxExact {
+		return bad("at must be µs since the epoch")
+	}
+	n, err := strconv.Atoi(fields[1])
+	if err != nil || n <= 0 {
+		return bad("n must be > 0")
+	}
+	switch fields[2] {
+	case "", OnRedisErrorAllow, OnRedisErrorLocal:
+	default:
+		return bad("unknown fallback")
+	}
+	for _, f := range strings.Fields(fields[3]) {
+		if v, err := strconv.ParseInt(f, 10, 64); err != nil || v <= -algorithms.MaxExact || v >= algorithms.MaxExact {
+			return bad("pieces must be integers below 2^53")
+		}
+	}
+	*r = Reservation{OK: true, At: time.UnixMicro(at), N: n, Fallback: fields[2], pieces: fields[3]}
+	return nil
+}
+
 // base implements the Reserver methods of both engines, each as one step
 // on one key; self is the engine's limiter.
 type base struct {
@@ -128,12 +186,9 @@ func (b *base) Cancel(ctx context.Context, key string, r Reservation) error {
 	if err := b.spec.checkCost(r.N); err != nil {
 		return err
 	}
-	pieces := r.pieces
+	pieces := b.spec.piecesOf(r)
 	if pieces == "" {
-		if b.spec.algorithm == algorithms.TokenBucket || b.spec.algorithm == algorithms.LeakyBucket {
-			return fmt.Errorf("%w: Cancel of a bucket's reservation needs the Reservation its call returned", ErrInvalidCost)
-		}
-		pieces = strconv.FormatInt(r.At.UnixMicro(), 10)
+		return fmt.Errorf("%w: Cancel of a bucket's reservation needs the Reservation its call returned (or its text)", ErrInvalidCost)
 	}
 	lim := b.self
 	switch r.Fallback {

@@ -222,4 +222,3 @@ func unixMicros(t time.Time) int64 {
 	}
 	return t.UnixMicro()
 }
-

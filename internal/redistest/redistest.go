@@ -7,9 +7,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -96,4 +100,63 @@ func QueueInfo(tb testing.TB, queue string) *asynq.QueueInfo {
 		tb.Fatalf("asynq queue %q: %v", queue, err)
 	}
 	return info
+}
+
+// Server is a redis-server of the test's own, which it may kill and start
+// again (its data dir stays), for tests that need a server no other test
+// touches: faults, private script caches, special configs.
+type Server struct {
+	Addr string
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+}
+
+// StartServer starts a redis-server on a free loopback port with extra
+// args (append-only, fsync always, unless args say otherwise) and stops it
+// when the test ends.
+func StartServer(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := &Server{Addr: addr, dir: tb.TempDir(), args: args}
+	s.Start(tb)
+	tb.Cleanup(s.Kill)
+	return s
+}
+
+// Start starts the server again after Kill; it returns once it answers PING
+// (a restarted server answers LOADING until its append-only file is read).
+func (s *Server) Start(tb testing.TB) {
+	tb.Helper()
+	server := env(tb, "SLUICE_TEST_REDIS_SERVER")
+	_, port, _ := net.SplitHostPort(s.Addr)
+	args := append([]string{"--port", port, "--bind", "127.0.0.1", "--dir", s.dir,
+		"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
+	s.cmd = exec.Command(server, args...)
+	if err := s.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for rdb.Ping(context.Background()).Err() != nil {
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			tb.Fatalf("redis-server on %s did not answer PING within 20s; its log:\n%s", s.Addr, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill kills the server at once (SIGKILL), as a crash would.
+func (s *Server) Kill() {
+	if s.cmd != nil && s.cmd.ProcessState == nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+	}
 }

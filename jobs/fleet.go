@@ -1,0 +1,182 @@
+package jobs
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// blockChannel carries "<quota> <µs>" to every worker when an upstream
+// said "not now": tasks that already hold a turn on the quota learn of it
+// before they call (new turns are kept out by the quota's own block).
+const blockChannel = "sluice:blocked"
+
+// rebook brings forward the tasks waiting in Redis for turns booked under
+// a limit that has changed: they were scheduled at the old rate. Back in a
+// worker, they book new turns at the new rate. One worker of the fleet does
+// it for each change.
+func (s *Scheduler) rebook(ctx context.Context, gs *gateSet, stale []string) {
+	claim := throttle.Key("sluice:rebook:", strings.Join(stale, ","))
+	if ok, err := s.rdb.SetNX(ctx, claim, s.worker, time.Minute).Result(); err != nil || !ok {
+		return
+	}
+	moved := 0
+	for queue := range gs.cfg.Queues {
+		// List first, then move: moving while paging would shift the pages.
+		var ids []string
+		for page := 1; ; page++ {
+			tasks, err := s.inspector.ListScheduledTasks(queue, asynq.PageSize(500), asynq.Page(page))
+			if err != nil {
+				s.log.Warn("cannot bring forward tasks booked at an old rate", "queue", queue, "err", err)
+				break
+			}
+			for _, t := range tasks {
+				turns := readTurns(t.Headers)
+				if slices.ContainsFunc(stale, func(tag string) bool { _, ok := turns[tag]; return ok }) {
+					ids = append(ids, t.ID)
+				}
+			}
+			if len(tasks) < 500 {
+				break
+			}
+		}
+		for _, id := range ids {
+			if s.inspector.RunTask(queue, id) == nil {
+				moved++
+			}
+		}
+	}
+	s.log.Info("limits changed: tasks booked at the old rate book again", "gates", stale, "tasks", moved)
+}
+
+// Run keeps the Scheduler's view of the fleet fresh until ctx ends: the
+// offset of Redis's clock from ours, the number of live workers (for the
+// local policy), the quotas an upstream blocked; and adds this worker's
+// completions to the queues' rates (RecentRate).
+func (s *Scheduler) Run(ctx context.Context) {
+	go s.listenForBlocks(ctx)
+	go s.wake(ctx)
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		if i%2 == 0 {
+			s.measureClock(ctx)
+			if servers, err := s.inspector.Servers(); err == nil && len(servers) > 0 {
+				s.workers.Store(int64(len(servers)))
+			}
+		}
+		s.rescueOrphans(ctx)
+		if err := s.done.flush(ctx, s.rdb); err != nil && ctx.Err() == nil {
+			s.log.Warn("cannot record the queues' rates", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			s.done.flush(context.WithoutCancel(ctx), s.rdb)
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// rescueOrphans puts back the tasks that asynq archived only because the
+// worker running them died and they had no retry left (MaxRetry 0): sluice
+// runs every task at least once. One worker of the fleet looks, every few
+// seconds, at the newest 200 archived tasks of each queue (a crash orphans
+// at most the tasks its worker was running).
+func (s *Scheduler) rescueOrphans(ctx context.Context) {
+	claim := throttle.Key("sluice:rescue:", "orphans")
+	if ok, err := s.rdb.SetNX(ctx, claim, s.worker, 4*time.Second).Result(); err != nil || !ok {
+		return
+	}
+	const page = 100
+	for queue := range s.Config().Queues {
+		info, err := s.inspector.GetQueueInfo(queue)
+		if err != nil || info.Archived == 0 {
+			continue
+		}
+		// Archived tasks are listed oldest first: look at the last two pages.
+		last := (info.Archived-1)/page + 1
+		for p := max(1, last-1); p <= last; p++ {
+			tasks, err := s.inspector.ListArchivedTasks(queue, asynq.PageSize(page), asynq.Page(p))
+			if err != nil {
+				break
+			}
+			for _, t := range tasks {
+				if t.LastErr == asynq.ErrLeaseExpired.Error() {
+					if err := s.inspector.RunTask(queue, t.ID); err == nil {
+						s.log.Info("a task archived when its worker died runs again", "queue", queue, "id", t.ID)
+					}
+				}
+			}
+		}
+	}
+}
+
+// listenForBlocks keeps s.blocked up to date from blockChannel until ctx
+// ends; go-redis resubscribes by itself after a reconnect.
+func (s *Scheduler) listenForBlocks(ctx context.Context) {
+	sub := s.rdb.Subscribe(ctx, blockChannel)
+	defer sub.Close()
+	for {
+		msg, err := sub.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			time.Sleep(redisRetry)
+			continue
+		}
+		quota, us, ok := strings.Cut(msg.Payload, " ")
+		d, err := strconv.ParseInt(us, 10, 64)
+		if !ok || err != nil {
+			continue
+		}
+		s.block(quota, s.clock.Now().Add(time.Duration(d)*time.Microsecond))
+	}
+}
+
+// block notes that quota may not be drawn on before until.
+func (s *Scheduler) block(quota string, until time.Time) {
+	for {
+		old, loaded := s.blocked.LoadOrStore(quota, until)
+		if !loaded || !until.After(old.(time.Time)) || s.blocked.CompareAndSwap(quota, old, until) {
+			return
+		}
+	}
+}
+
+// blockedUntil is the latest block on the task type's quotas that this
+// worker knows of, or the zero Time.
+func (s *Scheduler) blockedUntil(gs *gateSet, typ string) time.Time {
+	var until time.Time
+	for _, g := range gs.quotasOf(typ) {
+		if v, ok := s.blocked.Load(g.key); ok && v.(time.Time).After(until) {
+			until = v.(time.Time)
+		}
+	}
+	return until
+}
+
+// measureClock measures how far Redis's clock is from ours: turns are
+// instants on Redis's clock. With an injected clock the gates read it too,
+// so there is nothing to measure.
+func (s *Scheduler) measureClock(ctx context.Context) {
+	if s.injected {
+		return
+	}
+	before := time.Now()
+	redisNow, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return
+	}
+	rtt := time.Since(before)
+	s.offset.Store(int64(redisNow.Sub(before.Add(rtt / 2))))
+}
+
+

@@ -1,0 +1,328 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// drain and quota are the shape sluice exists for: a queue drained at 25/s
+// one by one, whose tasks draw on an API's quota of 10/s with burst 5.
+var (
+	drainSpec = throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 25, Period: time.Second, Burst: 1}
+	quotaSpec = throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 10, Period: time.Second, Burst: 5}
+)
+
+func book(t *testing.T, claims []throttle.Claim, notBefore time.Time, maxWait time.Duration) throttle.Booking {
+	t.Helper()
+	b, err := throttle.Book(context.Background(), claims, notBefore, maxWait)
+	if err != nil {
+		t.Fatalf("Book: %v", err)
+	}
+	return b
+}
+
+// TestTurnsInAnyOrder: a turn booked far ahead does not hold back the
+// instants before it. Each algorithm, once a turn is booked 2s ahead, still
+// admits now, and books a turn before the far one in the gap it left.
+func TestTurnsInAnyOrder(t *testing.T) {
+	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
+		lim, _ := fivePerSecondOn(t, e, a)
+		r := lim.(throttle.Reserver)
+		ctx := context.Background()
+		far, err := r.ReserveAfter(ctx, "k", 1, t0.Add(2*time.Second), 3*time.Second)
+		if err != nil || !far.OK || !far.At.Equal(t0.Add(2*time.Second)) {
+			t.Fatalf("turn 2s ahead = %+v, %v; want it at +2s", far, err)
+		}
+		if d := allow(t, lim, "k", 1); !d.Allowed {
+			t.Fatalf("AllowN now, with a turn booked at +2s = %+v; want allowed", d)
+		}
+		between, err := r.ReserveAfter(ctx, "k", 1, t0.Add(time.Second), 3*time.Second)
+		if err != nil || !between.OK || !between.At.Equal(t0.Add(time.Second)) {
+			t.Fatalf("turn at +1s, between a call now and a turn at +2s = %+v, %v; want it at +1s", between, err)
+		}
+	})
+}
+
+// TestLeakyBucketFillsGaps: with burst 1 at 5/s, turns are 200ms apart
+// whatever order they are booked in: a turn asked for just before one
+// booked earlier goes after it, one asked for in a gap takes it.
+func TestLeakyBucketFillsGaps(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			lim, _ := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 5, Period: time.Second, Burst: 1})
+			r := lim.(throttle.Reserver)
+			ctx := context.Background()
+			for _, c := range []struct {
+				notBefore, want time.Duration
+			}{
+				{2000 * ms, 2000 * ms},
+				{1900 * ms, 2200 * ms}, // would end inside the turn at 2s
+				{1500 * ms, 1500 * ms}, // a gap
+				{1700 * ms, 1700 * ms}, // exactly between 1.5s and 2s
+				{0, 0},
+				{100 * ms, 200 * ms},
+				{1600 * ms, 2400 * ms},
+			} {
+				res, err := r.ReserveAfter(ctx, "k", 1, t0.Add(c.notBefore), 5*time.Second)
+				if err != nil || !res.OK || !res.At.Equal(t0.Add(c.want)) {
+					t.Fatalf("turn not before +%v = %+v, %v; want at +%v", c.notBefore, res, err, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestCancelAnyTurn: a turn given back is free again exactly, whichever
+// turn it was, on every algorithm: the next call asking for that instant
+// gets it, and the turns booked after it keep theirs.
+func TestCancelAnyTurn(t *testing.T) {
+	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
+		spec := throttle.Spec{Algorithm: a, Limit: 1, Period: 200 * ms, Burst: 1, Windows: 1}
+		lim, _ := mustLimiter(t, e, spec)
+		r := lim.(throttle.Reserver)
+		ctx := context.Background()
+		var turns []throttle.Reservation
+		for range 4 {
+			res, err := r.ReserveN(ctx, "k", 1, time.Second)
+			if err != nil || !res.OK {
+				t.Fatalf("ReserveN = %+v, %v", res, err)
+			}
+			turns = append(turns, res)
+		}
+		middle := turns[1]
+		if err := r.Cancel(ctx, "k", middle); err != nil {
+			t.Fatal(err)
+		}
+		again, err := r.ReserveN(ctx, "k", 1, time.Second)
+		if err != nil || !again.OK || !again.At.Equal(middle.At) {
+			t.Fatalf("turn after cancelling the one at %v = %+v, %v; want that turn", middle.At.Sub(t0), again, err)
+		}
+		next, err := r.ReserveN(ctx, "k", 1, 2*time.Second)
+		if err != nil || !next.OK || !next.At.Equal(turns[3].At.Add(200*ms)) {
+			t.Fatalf("turn after the four = %+v, %v; want at %v, after the last", next, err, turns[3].At.Add(200*ms).Sub(t0))
+		}
+	})
+}
+
+// TestBookDrainAndQuota: a drain of 25/s and a quota of 10/s burst 5
+// booked together give every task the earliest instant at which both admit
+// it: 40ms apart while the quota's burst lasts, then 100ms apart, the
+// quota's rate, with no turn of either lost. On the cluster the drain and
+// the quota are in different slots; the turns are the same.
+func TestBookDrainAndQuota(t *testing.T) {
+	// The quota's 5 tokens at 0 and one more each 100ms last until 240ms at
+	// the drain's pace; from then on each turn waits for a token.
+	want := []time.Duration{0, 40 * ms, 80 * ms, 120 * ms, 160 * ms, 200 * ms, 240 * ms, 300 * ms, 400 * ms, 500 * ms, 600 * ms, 700 * ms}
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			quota := mustNew(t, e, quotaSpec, clock, "quota")
+			claims := []throttle.Claim{{Limiter: drain, Key: "emails", N: 1}, {Limiter: quota, Key: "api", N: 1}}
+			var got []time.Duration
+			for range want {
+				b := book(t, claims, time.Time{}, 5*time.Second)
+				if !b.OK || len(b.Turns) != 2 || !b.Turns[0].At.Equal(b.At) || !b.Turns[1].At.Equal(b.At) {
+					t.Fatalf("Book = %+v; want OK with both turns at At", b)
+				}
+				got = append(got, b.At.Sub(t0))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("turns %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+func mustNew(t *testing.T, e engine, spec throttle.Spec, clock *testkit.Clock, name string) throttle.Limiter {
+	t.Helper()
+	lim, err := e.new(spec, throttle.WithClock(clock), throttle.WithPrefix(fmt.Sprintf("%s:%s:", t.Name(), name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
+}
+
+// TestBookAllOrNothing: when one claim cannot be given a turn within
+// maxWait, nothing is counted on the others either.
+func TestBookAllOrNothing(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			quota := mustNew(t, e, quotaSpec, clock, "quota")
+			ctx := context.Background()
+			if err := quota.(throttle.Reserver).Block(ctx, "api", 3*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			b := book(t, []throttle.Claim{{Limiter: drain, Key: "emails", N: 1}, {Limiter: quota, Key: "api", N: 1}}, time.Time{}, time.Second)
+			if b.OK || b.Turns[1].Delay != 3*time.Second || b.Turns[0].Delay != 0 || b.Delay < 3*time.Second {
+				t.Fatalf("Book with the quota blocked for 3s and maxWait 1s = %+v; want not OK, the quota's own wait 3s, the drain's 0", b)
+			}
+			if level, err := drain.(throttle.Reserver).Peek(ctx, "emails"); err != nil || level.Remaining != 1 {
+				t.Fatalf("drain after the refused Book: %+v, %v; want its one event still free", level, err)
+			}
+		})
+	}
+}
+
+// TestBookTurnMoves: a claim that replaces an earlier turn gives it back in
+// the same step, so the turn it leaves is free for the next caller.
+func TestBookTurnMoves(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			quota := mustNew(t, e, quotaSpec, clock, "quota")
+			first := book(t, []throttle.Claim{{Limiter: drain, Key: "q", N: 1}, {Limiter: quota, Key: "api", N: 1}}, time.Time{}, time.Second)
+			moved := book(t, []throttle.Claim{
+				{Limiter: drain, Key: "q", N: 1, Replaces: &first.Turns[0]},
+				{Limiter: quota, Key: "api", N: 1, Replaces: &first.Turns[1]},
+			}, t0.Add(500*ms), time.Second)
+			if !moved.OK || !moved.At.Equal(t0.Add(500*ms)) {
+				t.Fatalf("moved turn = %+v; want at +500ms", moved)
+			}
+			next := book(t, []throttle.Claim{{Limiter: drain, Key: "q", N: 1}, {Limiter: quota, Key: "api", N: 1}}, time.Time{}, time.Second)
+			if !next.OK || !next.At.Equal(t0) {
+				t.Fatalf("Book after a turn moved away from now = %+v; want the turn it left, now", next)
+			}
+		})
+	}
+}
+
+// TestBookSharedQuotaOutOfOrder: three drains of 5, 10 and 20 per second
+// share a quota of 40/s. Their turns are booked in a random order, each
+// drain's far ahead, as workers pick tasks: every drain still gets its own
+// rate from now on, and no limit is exceeded.
+func TestBookSharedQuotaOutOfOrder(t *testing.T) {
+	rates := []int{5, 10, 20}
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			quota := mustNew(t, e, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 40, Period: time.Second, Burst: 10}, clock, "quota")
+			var drains []throttle.Limiter
+			var order []int
+			for i, r := range rates {
+				drains = append(drains, mustNew(t, e, throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: r, Period: time.Second, Burst: 1}, clock, fmt.Sprint("drain", i)))
+				for range 2 * r { // two seconds of work
+					order = append(order, i)
+				}
+			}
+			rand.New(rand.NewPCG(1, 2)).Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			turns := make([][]event, len(rates))
+			var all []event
+			for _, i := range order {
+				b := book(t, []throttle.Claim{{Limiter: drains[i], Key: "q", N: 1}, {Limiter: quota, Key: "api", N: 1}}, time.Time{}, 10*time.Second)
+				if !b.OK {
+					t.Fatalf("Book for drain %d = %+v; want OK", i, b)
+				}
+				turns[i] = append(turns[i], event{b.At.UnixMicro(), 1})
+				all = append(all, event{b.At.UnixMicro(), 1})
+			}
+			for i, r := range rates {
+				last := turns[i][0].at
+				for _, ev := range turns[i] {
+					last = max(last, ev.at)
+				}
+				// 2r turns at r per second from now: the last at (2r-1)/r s.
+				if want := t0.Add(time.Duration(2*r-1) * time.Second / time.Duration(r)).UnixMicro(); last != want {
+					t.Errorf("drain of %d/s: last of %d turns at +%v, want +%v (its own rate)", r, 2*r, time.Duration(last-t0.UnixMicro())*time.Microsecond, time.Duration(want-t0.UnixMicro())*time.Microsecond)
+				}
+				if err := conforms(throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: r, Period: time.Second, Burst: 1}, turns[i]); err != nil {
+					t.Errorf("drain of %d/s: %v", r, err)
+				}
+			}
+			if err := conforms(throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 40, Period: time.Second, Burst: 10}, all); err != nil {
+				t.Errorf("quota: %v", err)
+			}
+		})
+	}
+}
+
+// TestBookPolicies: claims whose Redis fails are decided by their
+// limiter's policy: deny fails the Book, allow lets it through uncounted,
+// local books on an in-process twin.
+func TestBookPolicies(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	newDead := func(policy string) throttle.Limiter {
+		lim, err := throttle.New(dead, drainSpec, throttle.WithClock(clock), throttle.WithOnRedisError(policy, func() int { return 1 }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	live, err := throttle.NewLocal(quotaSpec, throttle.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := throttle.Book(ctx, []throttle.Claim{{Limiter: newDead(throttle.OnRedisErrorDeny), Key: "q", N: 1}, {Limiter: live, Key: "api", N: 1}}, time.Time{}, time.Second); !errors.Is(err, throttle.ErrRedisDenied) {
+		t.Fatalf("Book with a deny claim on a dead Redis: %v, want ErrRedisDenied", err)
+	}
+	if level, _ := live.(throttle.Reserver).Peek(ctx, "api"); level.Remaining != 5 {
+		t.Fatalf("the live quota after a denied Book has %d left, want all 5: nothing counted", level.Remaining)
+	}
+	b := book(t, []throttle.Claim{{Limiter: newDead(throttle.OnRedisErrorAllow), Key: "q", N: 1}, {Limiter: live, Key: "api", N: 1}}, time.Time{}, time.Second)
+	if !b.OK || b.Turns[0].Fallback != throttle.OnRedisErrorAllow || b.Turns[1].Fallback != "" {
+		t.Fatalf("Book with an allow claim on a dead Redis = %+v; want OK, the dead claim allowed", b)
+	}
+	local := newDead(throttle.OnRedisErrorLocal)
+	var ats []time.Duration
+	for range 3 {
+		b := book(t, []throttle.Claim{{Limiter: local, Key: "q", N: 1}}, time.Time{}, time.Second)
+		if !b.OK || b.Turns[0].Fallback != throttle.OnRedisErrorLocal {
+			t.Fatalf("Book with a local claim on a dead Redis = %+v; want OK on the twin", b)
+		}
+		ats = append(ats, b.At.Sub(t0))
+	}
+	if fmt.Sprint(ats) != "[0s 40ms 80ms]" {
+		t.Fatalf("turns on the local twin of 25/s: %v, want [0s 40ms 80ms]", ats)
+	}
+}
+
+// TestReservationText: a reservation kept as text (in a task's headers)
+// comes back whole, can be given back by another process, and text that
+// was tampered with is refused.
+func TestReservationText(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			lim, _ := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 5, Period: time.Second, Burst: 1})
+			r := lim.(throttle.Reserver)
+			ctx := context.Background()
+			res, err := r.ReserveN(ctx, "k", 1, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			text, err := res.MarshalText()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var back throttle.Reservation
+			if err := back.UnmarshalText(text); err != nil || !back.OK || !back.At.Equal(res.At) || back.N != 1 {
+				t.Fatalf("round trip of %q = %+v, %v", text, back, err)
+			}
+			if err := r.Cancel(ctx, "k", back); err != nil {
+				t.Fatal(err)
+			}
+			if d := allow(t, lim, "k", 1); !d.Allowed {
+				t.Fatalf("AllowN after giving back the turn read from text = %+v; want allowed", d)
+			}
+			for _, bad := range []string{"", "x;1;;", "1;0;;", "1;1;maybe;", "1;1;;1 2 3e9", "1;1;;99999999999999999999"} {
+				if err := new(throttle.Reservation).UnmarshalText([]byte(bad)); err == nil {
+					t.Errorf("UnmarshalText(%q) accepted", bad)
+				}
+			}
+		})
+	}
+}
