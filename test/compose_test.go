@@ -81,6 +81,25 @@ func quotaUse(times []time.Time, burst, perSecond float64) float64 {
 	return float64(len(times)) / (burst + perSecond*span.Seconds())
 }
 
+// densest describes the window of length d that holds the most times: the
+// gaps between them, for a failure message.
+func densest(times []time.Time, d time.Duration) string {
+	best, bestFirst, first := 0, 0, 0
+	for last := range times {
+		for times[last].Sub(times[first]) >= d {
+			first++
+		}
+		if last-first+1 > best {
+			best, bestFirst = last-first+1, first
+		}
+	}
+	var gaps []string
+	for i := bestFirst + 1; i < bestFirst+best; i++ {
+		gaps = append(gaps, times[i].Sub(times[i-1]).Round(time.Millisecond).String())
+	}
+	return "gaps " + strings.Join(gaps, " ")
+}
+
 // between is the times in [from, to).
 func between(times []time.Time, from, to time.Time) []time.Time {
 	var in []time.Time
@@ -206,7 +225,7 @@ http: {allow: [127.0.0.1]}
 		t.Errorf("drained at %.3f/s, want 25/s within 2%%", got)
 	}
 	if most > 26 {
-		t.Errorf("%d requests within one second, want at most 26", most)
+		t.Errorf("%d requests within one second, want at most 26: %s", most, densest(arrivals, time.Second))
 	}
 }
 

@@ -15,9 +15,11 @@ import (
 )
 
 // within is the measurement tolerance of request arrival times at the
-// local server: the limiter counts a call at its turn, the server sees it
-// a little later, by a varying few hundred µs.
-const within = 10 * time.Millisecond
+// local server: the limiter counts a call at its turn, the server sees it a
+// little later, usually by a few hundred µs, but by up to 12ms measured
+// with three workers, three Redis servers and this test sharing 2 CPUs.
+// An event over a limit still shows: at 10/s it is 1 over, not 0.25.
+const within = 25 * time.Millisecond
 
 // TestSharedQuota: tasks of three queues, consumed by three workers, share
 // one quota of 10/s with burst 5. In no interval of length T may the

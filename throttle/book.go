@@ -89,6 +89,8 @@ type limiter interface {
 	site(key string) site
 	// policy is what to do when its site fails, and the local twin.
 	policy() (string, limiter)
+	// now is the time on the limiter's clock as this process knows it.
+	now() time.Time
 }
 
 // site decides the claims of one step atomically.
@@ -343,6 +345,12 @@ func (b *booker) success(groups []*group, at int64) Booking {
 	now := int64(0)
 	for _, g := range groups {
 		now = max(now, g.out.Now)
+	}
+	if now == 0 {
+		// Every claim was let through by the allow policy: nothing was
+		// decided, on any clock but the caller's.
+		now = b.parts[0].lim.now().UnixMicro()
+		at = max(now, b.notBefore)
 	}
 	bk := Booking{OK: true, At: time.UnixMicro(at), Delay: micros(max(0, at-now)), Turns: make([]Reservation, len(b.parts))}
 	for _, g := range groups {

@@ -91,6 +91,8 @@ func (l *localLimiter) site(string) site { return localSite{} }
 
 func (l *localLimiter) policy() (string, limiter) { return "", nil }
 
+func (l *localLimiter) now() time.Time { return l.clock.Now() }
+
 func (l *localLimiter) shardIndex(key string) int {
 	return int(maphash.String(l.seed, key) % localShards)
 }

@@ -64,6 +64,13 @@ func (l *redisLimiter) site(key string) site {
 	return s
 }
 
+func (l *redisLimiter) now() time.Time {
+	if l.clock != nil {
+		return l.clock.Now()
+	}
+	return time.Now()
+}
+
 func (l *redisLimiter) policy() (string, limiter) {
 	if l.twin == nil {
 		return l.onErr, nil

@@ -10,10 +10,17 @@ import (
 	"time"
 )
 
-// Clock is a throttle.Clock that stands where the test puts it.
+// Clock is a clock that stands where the test puts it: a throttle.Clock,
+// and a jobs.Clock whose waits end when the test moves it past them.
 type Clock struct {
-	mu  sync.Mutex
-	now time.Time
+	mu      sync.Mutex
+	now     time.Time
+	waiters []waiter
+}
+
+type waiter struct {
+	at time.Time
+	ch chan time.Time
 }
 
 // NewClock returns a Clock at t.
@@ -26,19 +33,45 @@ func (c *Clock) Now() time.Time {
 	return c.now
 }
 
-// Set moves the clock to t.
+// After returns a channel that gets the time once the clock has been moved
+// d or more past now.
+func (c *Clock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if d <= 0 {
+		ch <- c.now
+		return ch
+	}
+	c.waiters = append(c.waiters, waiter{c.now.Add(d), ch})
+	return ch
+}
+
+// Waiting is how many waits (After) have not ended yet.
+func (c *Clock) Waiting() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.waiters)
+}
+
+// Set moves the clock to t, ending the waits due by then.
 func (c *Clock) Set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = t
+	kept := c.waiters[:0]
+	for _, w := range c.waiters {
+		if w.at.After(t) {
+			kept = append(kept, w)
+		} else {
+			w.ch <- t
+		}
+	}
+	c.waiters = kept
 }
 
 // Add moves the clock by d.
-func (c *Clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
+func (c *Clock) Add(d time.Duration) { c.Set(c.Now().Add(d)) }
 
 // WaitFor polls done every 20ms until it holds, or fails the test after d.
 func WaitFor(tb testing.TB, d time.Duration, what string, done func() bool) {
