@@ -178,5 +178,3 @@ func (s *Scheduler) measureClock(ctx context.Context) {
 	rtt := time.Since(before)
 	s.offset.Store(int64(redisNow.Sub(before.Add(rtt / 2))))
 }
-
-

@@ -6,9 +6,9 @@ import "github.com/prometheus/client_golang/prometheus"
 // are bounded: gate ("drain:<queue>", "quota:<name>"), queue and task type
 // come from the config, never from task payloads.
 type Metrics struct {
-	decisions     *prometheus.CounterVec   // gate, result
-	bookings      *prometheus.CounterVec   // queue
-	evaluations   *prometheus.CounterVec   // gate
+	decisions     *prometheus.CounterVec // gate, result
+	bookings      *prometheus.CounterVec // queue
+	evaluations   *prometheus.CounterVec // gate
 	lateTurns     prometheus.Counter
 	woken         prometheus.Counter
 	throttled     *prometheus.CounterVec   // queue, how

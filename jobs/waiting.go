@@ -158,4 +158,3 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue string,
 	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", wait)
 	return s.requeue(ctx, t, queue, s.clock.Now().Add(wait), nil)
 }
-
