@@ -166,6 +166,16 @@ func TestLoadProblems(t *testing.T) {
 	}{
 		{desc: "unknown key", yaml: addr + "queues: {emails: {drain: {limit: 1, period: 1s, drian: 2}}}",
 			want: []string{"queues.emails.drain.drian: unknown key"}},
+		// 9.10: an unknown key must not make the rest of its entry look unset.
+		{desc: "unknown key beside good values", yaml: addr + "quotas: {api: {algorithm: token_bucket, limit: 50, period: 1s, bogus: 1}}",
+			want: []string{"quotas.api.bogus: unknown key"}},
+		{desc: "unknown key beside a bad value", yaml: addr + "queues: {q: {priority: -1, bogus: 1, drain: {limit: 0, period: 1s, nope: 2}}}",
+			want: []string{
+				"queues.q.bogus: unknown key",
+				"queues.q.drain.nope: unknown key",
+				"queues.q.priority: must be >= 1, got -1",
+				"queues.q.drain.limit: must be > 0, got 0",
+			}},
 		{desc: "unknown worker key", yaml: addr + "worker:\n  concurency: 20",
 			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max"}},
 		{desc: "unknown section", yaml: addr + "queue: {emails: {priority: 2}}",
