@@ -36,6 +36,12 @@ gateway:
     - {name: per-client, key: client, algorithm: sliding_log,     limit: 60,   period: 1m}
     - {name: per-ip,     key: ip,     algorithm: sliding_counter, limit: 300,  period: 1m}
   ban: {after: 20, within: 1m, for: 5m, max: 24h}
+  types: [demo:noop, demo:sleep]
+  clients:
+    - {name: billing, key_sha256: 9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08, types: [demo:noop], queues: [emails]}
+  allow_anonymous: false
+  metrics_addr: 127.0.0.1:2113
+  max_connections: 256
 `
 
 // write puts content in a config file in a fresh directory.
@@ -74,7 +80,12 @@ func TestLoadContract(t *testing.T) {
 				{Name: "per-client", Key: "client", Algorithm: "sliding_log", Limit: 60, Period: time.Minute, OnRedisError: "deny"},
 				{Name: "per-ip", Key: "ip", Algorithm: "sliding_counter", Limit: 300, Period: time.Minute, OnRedisError: "deny"},
 			},
-			Ban: Ban{After: 20, Within: time.Minute, For: 5 * time.Minute, Max: 24 * time.Hour},
+			Ban:   Ban{After: 20, Within: time.Minute, For: 5 * time.Minute, Max: 24 * time.Hour},
+			Types: []string{"demo:noop", "demo:sleep"},
+			Clients: []GatewayClient{{Name: "billing", KeySHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+				Types: []string{"demo:noop"}, Queues: []string{"emails"}}},
+			MetricsAddr:    "127.0.0.1:2113",
+			MaxConnections: 256,
 		},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -247,6 +258,25 @@ func TestLoadProblems(t *testing.T) {
 				`gateway.limits[2].algorithm:`,
 				`gateway.ban.within: must be > 0`,
 				`gateway.ban.max: must be >= gateway.ban.for (5m0s), got 1m0s`,
+			}},
+		{desc: "gateway clients and types", yaml: addr + `queues: {q: {}}
+gateway:
+  metrics_addr: 127.0.0.1:8080
+  max_connections: 0
+  types: [demo:noop, http:get]
+  clients:
+    - {name: a, key_sha256: secret-pasted-by-mistake, types: [demo:sleep], queues: [q, nope]}
+    - {name: a, key_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
+    - {key_sha256: 9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08}`,
+			want: []string{
+				`gateway.metrics_addr: must differ from gateway.listen (127.0.0.1:8080)`,
+				`gateway.types[1]: "http:get" is not a task type the intake knows; known: demo:noop, demo:sleep, http:request`,
+				`gateway.clients[0].key_sha256: must be the SHA-256 of the key as 64 hex digits (printf %s KEY | sha256sum), got 24 characters`,
+				`gateway.clients[0].types[0]: "demo:sleep" is not in gateway.types (demo:noop, http:get)`,
+				`gateway.clients[1].name: "a" is already the name of gateway.clients[0]`,
+				`gateway.clients[2].name: must be set: it names the item in logs`,
+				`gateway.clients[2].key_sha256: is the same as gateway.clients[1]'s`,
+				`gateway.clients[0].queues[1]: "nope" is not under queues`,
 			}},
 		{desc: "several at once", yaml: `
 worker: {concurency: 2, hold_max: 2}

@@ -30,6 +30,10 @@ func (l *Limiter) Bans(next http.Handler) http.Handler {
 		c := l.Client(r)
 		r = r.WithContext(context.WithValue(r.Context(), clientContextKey{}, c))
 		if a, banned := l.banned(r.Context(), l.identities(c)); banned {
+			// Closing the connection spares the server reading a body it
+			// does not want (net/http reads up to 256 KiB of an unread body
+			// before it answers on a connection it keeps).
+			w.Header().Set("Connection", "close")
 			a.setRateLimit(w.Header())
 			a.refuse(w)
 			return
