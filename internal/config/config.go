@@ -74,6 +74,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/throttle"
@@ -196,7 +197,25 @@ func (f File) Defaults() File {
 // Validate returns one error per problem in f (after Defaults), each naming
 // its key as config.yaml spells it, in the order of the file's sections.
 func (f File) Validate() []error {
-	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), f.Gateway.Validate(), f.Gateway.validateQueues(f.Jobs.Queues))
+	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), validateUI(f.Jobs.Worker.UI), f.Gateway.Validate(), f.Gateway.validateQueues(f.Jobs.Queues))
+}
+
+// validateUI checks worker.ui: writes only behind a login, and a password
+// hash that bcrypt can read. Neither the hash nor a password is echoed.
+func validateUI(ui jobs.WebUIConfig) []error {
+	var p problems
+	if ui.Writes && (ui.User == "" || ui.PasswordHash == "") {
+		p.add("worker.ui.writes", "true needs worker.ui.user and worker.ui.password_hash: the UI can delete queues, so it must not without a login")
+	}
+	if ui.PasswordHash != "" {
+		if _, err := bcrypt.Cost([]byte(ui.PasswordHash)); err != nil {
+			p.add("worker.ui.password_hash", "must be a bcrypt hash like $2a$10$... (worker --hash-password makes one from a password on stdin), got %d characters that are not one", len(ui.PasswordHash))
+		}
+		if ui.User == "" {
+			p.add("worker.ui.user", "must be set with worker.ui.password_hash: it is the login's user name")
+		}
+	}
+	return p
 }
 
 // Validate returns one error per problem in r, each naming its key.

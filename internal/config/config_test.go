@@ -188,7 +188,7 @@ func TestLoadProblems(t *testing.T) {
 				"queues.q.drain.limit: must be > 0, got 0",
 			}},
 		{desc: "unknown worker key", yaml: addr + "worker:\n  concurency: 20",
-			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max"}},
+			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, ui"}},
 		{desc: "unknown section", yaml: addr + "queue: {emails: {priority: 2}}",
 			want: []string{"queue: unknown key; known keys here are redis, worker, queues, quotas, tasks, http, gateway"}},
 		{desc: "unknown key in a list item", yaml: addr + "gateway: {limits: [{name: a, key: ip, limit: 1, period: 1s, burts: 2}]}",
@@ -232,7 +232,7 @@ func TestLoadProblems(t *testing.T) {
 				`http.allow: must be a list, like [a, b], got a mapping`,
 				`queues: must be a mapping of names, got a list`,
 				`redis.tls: must be true or false, got "maybe"`,
-				`worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, got "3"`,
+				`worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, ui, got "3"`,
 			}},
 		{desc: "key set twice", yaml: addr + "worker: {concurrency: 1, concurrency: 2}",
 			want: []string{`not valid YAML: line 2: mapping key "concurrency" already defined at line 2`}},
@@ -277,6 +277,13 @@ gateway:
 				`gateway.clients[2].name: must be set: it names the item in logs`,
 				`gateway.clients[2].key_sha256: is the same as gateway.clients[1]'s`,
 				`gateway.clients[0].queues[1]: "nope" is not under queues`,
+			}},
+		{desc: "web UI writes without a login", yaml: addr + "worker: {ui: {writes: true}}",
+			want: []string{"worker.ui.writes: true needs worker.ui.user and worker.ui.password_hash"}},
+		{desc: "web UI password that is not a bcrypt hash", yaml: addr + "worker: {ui: {password_hash: hunter2}}",
+			want: []string{
+				"worker.ui.password_hash: must be a bcrypt hash like $2a$10$... (worker --hash-password makes one from a password on stdin), got 7 characters",
+				"worker.ui.user: must be set with worker.ui.password_hash",
 			}},
 		{desc: "several at once", yaml: `
 worker: {concurency: 2, hold_max: 2}
