@@ -32,6 +32,16 @@ type WorkerConfig struct {
 	// ReserveMax is the furthest ahead a turn is booked; a task that would
 	// wait longer is scheduled to ask again then. Default 1m.
 	ReserveMax time.Duration
+	// UI is the web UI (asynqmon) at /ui/ on MetricsAddr; cmd/worker serves it.
+	UI WebUIConfig
+}
+
+// WebUIConfig says what the web UI lets its users do. The zero value is
+// read-only, without a login.
+type WebUIConfig struct {
+	Writes       bool   // let users delete, run, archive, pause; needs User and PasswordHash
+	User         string // the HTTP basic auth user; with PasswordHash, every page needs the login
+	PasswordHash string // a bcrypt hash of the password (worker --hash-password makes one)
 }
 
 // QueueConfig is one queue's share of the workers and its drain gate.
@@ -61,7 +71,7 @@ type TaskConfig struct {
 
 // HTTPConfig limits the http:request job type.
 type HTTPConfig struct {
-	Allow []string // host names it may call (any port)
+	Allow []string // what it may call: see AllowList
 }
 
 // The failure policies of a gate whose Redis cannot be reached: package
@@ -144,6 +154,9 @@ func (c Config) Validate() []error {
 	}
 	if c.Worker.ReserveMax < c.Worker.HoldMax {
 		bad("worker.reserve_max", "must be >= worker.hold_max (%v), got %v", c.Worker.HoldMax, c.Worker.ReserveMax)
+	}
+	if _, err := ParseAllowList(c.HTTP.Allow); err != nil {
+		errs = append(errs, err)
 	}
 	for _, name := range sortedKeys(c.Queues) {
 		q := c.Queues[name]

@@ -15,7 +15,8 @@
 //	srv := asynq.NewServer(asynqRedis, sched.AsynqConfig())
 //	mux := asynq.NewServeMux()
 //	mux.Use(sched.Middleware)
-//	jobs.Register(mux, cfg.HTTP.Allow, nil)
+//	allow, err := jobs.ParseAllowList(cfg.HTTP.Allow)
+//	jobs.Register(mux, allow)
 //	go sched.Run(ctx)
 //	err = srv.Run(mux)
 package jobs

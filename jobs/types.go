@@ -7,11 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"reflect"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -110,15 +112,14 @@ func NewHTTPRequestTask(p HTTPRequestPayload, opts ...asynq.Option) (*asynq.Task
 }
 
 // Register registers the handlers of the built-in types on mux. The
-// http:request handler calls only hosts named in allow (any port, case
-// insensitive, no wildcards) through client; a nil client is one with a 30s
-// timeout.
-func Register(mux *asynq.ServeMux, allow []string, client *http.Client) {
+// http:request handler calls only what allow permits (see AllowList),
+// with a 30s timeout per call.
+func Register(mux *asynq.ServeMux, allow AllowList) {
 	mux.HandleFunc(TypeNoop, func(_ context.Context, t *asynq.Task) error {
 		return skipRetry(parseNoop(t.Payload()))
 	})
 	mux.HandleFunc(TypeSleep, handleSleep)
-	mux.Handle(TypeHTTPRequest, newHTTPRequestHandler(allow, client))
+	mux.Handle(TypeHTTPRequest, newHTTPRequestHandler(allow))
 }
 
 // skipRetry marks a payload error so asynq archives the task: it would fail
@@ -150,38 +151,46 @@ func handleSleep(ctx context.Context, t *asynq.Task) error {
 const maxDrain = 64 << 10
 
 type httpRequestHandler struct {
-	allow  map[string]bool // lower-case host names, IPv6 without brackets
+	allow  AllowList
 	client *http.Client
 }
 
-func newHTTPRequestHandler(allow []string, client *http.Client) *httpRequestHandler {
-	h := &httpRequestHandler{allow: make(map[string]bool, len(allow))}
-	for _, host := range allow {
-		h.allow[strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))] = true
+func newHTTPRequestHandler(allow AllowList) *httpRequestHandler {
+	h := &httpRequestHandler{allow: allow}
+	dialer := &net.Dialer{
+		Timeout:   10 * time.Second,
+		KeepAlive: 30 * time.Second,
+		// Control sees each address after DNS, just before the connection
+		// is made: the one place a name that resolves somewhere it should
+		// not (127.0.0.1, 169.254.169.254) can be caught, on every redirect
+		// too.
+		Control: func(_, address string, _ syscall.RawConn) error { return allow.checkDial(address) },
 	}
-	if client == nil {
-		client = &http.Client{Timeout: 30 * time.Second}
+	transport := &http.Transport{
+		// No proxy, whatever HTTP_PROXY says: a proxy would dial for us,
+		// out of reach of the check on the address dialled.
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          100,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
 	}
-	c := *client // a copy, so the caller's client keeps its own redirect policy
-	next := c.CheckRedirect
-	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if !h.allowed(req.URL) {
-			return fmt.Errorf("redirect to host %q not in the allow list: %w", req.URL.Hostname(), asynq.SkipRetry)
-		}
-		if next != nil {
-			return next(req, via)
-		}
-		if len(via) >= 10 { // net/http's default policy, which a non-nil CheckRedirect replaces
-			return errors.New("stopped after 10 redirects")
-		}
-		return nil
+	h.client = &http.Client{
+		Timeout:   30 * time.Second,
+		Transport: transport,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if err := allow.checkURL(req.URL); err != nil {
+				return fmt.Errorf("redirect to %s: %w: %w", req.URL.Redacted(), err, asynq.SkipRetry)
+			}
+			if len(via) >= 10 { // net/http's default policy, which a CheckRedirect replaces
+				return errors.New("stopped after 10 redirects")
+			}
+			return nil
+		},
 	}
-	h.client = &c
 	return h
-}
-
-func (h *httpRequestHandler) allowed(u *url.URL) bool {
-	return h.allow[strings.ToLower(u.Hostname())]
 }
 
 func (h *httpRequestHandler) ProcessTask(ctx context.Context, t *asynq.Task) error {
@@ -193,14 +202,20 @@ func (h *httpRequestHandler) ProcessTask(ctx context.Context, t *asynq.Task) err
 	if err != nil {
 		return skipRetry(fmt.Errorf("%s: %w", TypeHTTPRequest, err))
 	}
-	if !h.allowed(req.URL) {
-		return fmt.Errorf("%s: host %q not in the allow list: %w", TypeHTTPRequest, req.URL.Hostname(), asynq.SkipRetry)
+	if err := h.allow.checkURL(req.URL); err != nil {
+		return fmt.Errorf("%s: %w: %w", TypeHTTPRequest, err, asynq.SkipRetry)
 	}
 	for k, v := range p.Headers {
 		req.Header.Set(k, v)
 	}
 	resp, err := h.client.Do(req)
-	if err != nil {
+	var refused *RefusedAddressError
+	var redirected *url.Error
+	switch {
+	case errors.As(err, &refused) && errors.As(err, &redirected):
+		// It will never pass: the name resolves where it may not go.
+		return fmt.Errorf("%s: host %q: %w: %w", TypeHTTPRequest, hostOf(redirected.URL), refused, asynq.SkipRetry)
+	case err != nil:
 		return fmt.Errorf("%s: %w", TypeHTTPRequest, err)
 	}
 	defer func() {
@@ -216,6 +231,15 @@ func (h *httpRequestHandler) ProcessTask(ctx context.Context, t *asynq.Task) err
 	default:
 		return fmt.Errorf("%s: %s %s: %s", TypeHTTPRequest, p.Method, req.URL.Redacted(), resp.Status)
 	}
+}
+
+// hostOf is the host of a URL as a url.Error gives it.
+func hostOf(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL
+	}
+	return u.Hostname()
 }
 
 // parseRetryAfter reads a Retry-After value, delta-seconds or an HTTP-date

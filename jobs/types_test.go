@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -111,11 +112,16 @@ func TestNewTaskValidates(t *testing.T) {
 	}
 }
 
-// process runs a task through the handlers Register installs.
-func process(ctx context.Context, t *testing.T, allow []string, client *http.Client, typ, payload string) error {
+// process runs a task through the handlers Register installs, with the
+// http.allow entries allow.
+func process(ctx context.Context, t *testing.T, allow []string, typ, payload string) error {
 	t.Helper()
+	list, err := ParseAllowList(allow)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mux := asynq.NewServeMux()
-	Register(mux, allow, client)
+	Register(mux, list)
 	return mux.ProcessTask(ctx, asynq.NewTask(typ, []byte(payload)))
 }
 
@@ -146,7 +152,7 @@ func TestHTTPRequestStatus(t *testing.T) {
 				w.WriteHeader(tt.status)
 			}))
 			defer srv.Close()
-			err := process(context.Background(), t, []string{"127.0.0.1"}, nil, TypeHTTPRequest, `{"url": "`+srv.URL+`/x"}`)
+			err := process(context.Background(), t, []string{srv.Listener.Addr().String()}, TypeHTTPRequest, `{"url": "`+srv.URL+`/x"}`)
 			if errors.Is(err, asynq.SkipRetry) {
 				t.Fatalf("error %v wraps SkipRetry; want it retried", err)
 			}
@@ -180,7 +186,7 @@ func TestHTTPRequestSendsAsGiven(t *testing.T) {
 	}))
 	defer srv.Close()
 	payload := `{"method": "put", "url": "` + srv.URL + `/items/7?v=2", "headers": {"x-api-key": "s3cret"}, "body": "{\"n\":1}"}`
-	if err := process(context.Background(), t, []string{"127.0.0.1"}, srv.Client(), TypeHTTPRequest, payload); err != nil {
+	if err := process(context.Background(), t, []string{srv.Listener.Addr().String()}, TypeHTTPRequest, payload); err != nil {
 		t.Fatal(err)
 	}
 	if got.method != "PUT" || got.path != "/items/7?v=2" || got.header != "s3cret" || got.body != `{"n":1}` {
@@ -188,8 +194,14 @@ func TestHTTPRequestSendsAsGiven(t *testing.T) {
 	}
 }
 
+// TestHTTPRequestAllowList (9.1): a URL passes only with an entry for its
+// host and port; the address dialled is checked after DNS and on every
+// redirect, so a listed name that resolves to loopback is refused unless
+// the address is listed too; a refusal will never pass (SkipRetry) and
+// names host, address and why.
 func TestHTTPRequestAllowList(t *testing.T) {
 	var hits atomic.Int32
+	var other *httptest.Server
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		switch r.URL.Path {
@@ -197,69 +209,157 @@ func TestHTTPRequestAllowList(t *testing.T) {
 			http.Redirect(w, r, "http://not-allowed.example/x", http.StatusFound)
 		case "/home":
 			http.Redirect(w, r, "/done", http.StatusFound)
+		case "/to-localhost":
+			http.Redirect(w, r, "http://localhost:"+port(other)+"/", http.StatusFound)
 		}
 	}))
 	defer srv.Close()
-	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	other = httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+	defer other.Close()
+	addr := srv.Listener.Addr().String()
 	tests := []struct {
 		desc     string
 		allow    []string
 		url      string
-		wantSkip bool
+		wantErr  string // "": success; else the error says it, with SkipRetry
 		wantHits int32
 	}{
-		{"allowed", []string{"127.0.0.1"}, srv.URL + "/", false, 1},
-		{"host not listed", []string{"api.example.com"}, srv.URL + "/", true, 0},
-		{"no allow list", nil, srv.URL + "/", true, 0},
-		{"redirect within allowed host", []string{"127.0.0.1"}, srv.URL + "/home", false, 2},
-		{"redirect to host not listed", []string{"127.0.0.1"}, srv.URL + "/away", true, 1},
-		{"case-insensitive", []string{"LOCALHOST"}, "http://localHost:" + strconv.Itoa(port) + "/", false, 1},
+		{"allowed address and port", []string{addr}, srv.URL + "/", "", 1},
+		{"allowed by CIDR and port", []string{"127.0.0.0/8:" + port(srv)}, srv.URL + "/", "", 1},
+		{"an address without a port means 80 and 443 only", []string{"127.0.0.1"}, srv.URL + "/", "address 127.0.0.1 port " + port(srv) + " is not in http.allow", 0},
+		{"the attack of 9.1: any port of 127.0.0.1", []string{"127.0.0.1", "localhost"}, "http://127.0.0.1:" + port(srv) + "/ui/api/queues", "not in http.allow", 0},
+		{"host not listed", []string{"api.example.com"}, srv.URL + "/", `address 127.0.0.1 port`, 0},
+		{"no allow list", nil, srv.URL + "/", "not in http.allow", 0},
+		{"a listed name resolving to loopback", []string{"localhost:" + port(srv)}, "http://localhost:" + port(srv) + "/",
+			`host "localhost": address `, 0},
+		{"a listed name with its loopback address listed too", []string{"LOCALHOST:" + port(srv), "127.0.0.1:" + port(srv)}, "http://localHost:" + port(srv) + "/", "", 1},
+		{"redirect within allowed host", []string{addr}, srv.URL + "/home", "", 2},
+		{"redirect to host not listed", []string{addr}, srv.URL + "/away", `redirect to http://not-allowed.example/x: host "not-allowed.example" port 80 is not in http.allow`, 1},
+		{"redirect to a listed name resolving to loopback", []string{addr, "localhost:" + port(other)}, srv.URL + "/to-localhost",
+			`host "localhost": address `, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.desc, func(t *testing.T) {
 			hits.Store(0)
-			// Every host name dials the test server, so a request that
-			// should have been refused would be counted.
-			client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-				return (&net.Dialer{}).DialContext(ctx, network, srv.Listener.Addr().String())
-			}}}
-			err := process(context.Background(), t, tt.allow, client, TypeHTTPRequest, `{"url": "`+tt.url+`"}`)
-			if skip := errors.Is(err, asynq.SkipRetry); skip != tt.wantSkip || (!tt.wantSkip && err != nil) {
-				t.Errorf("error %v, want SkipRetry %v", err, tt.wantSkip)
+			err := process(context.Background(), t, tt.allow, TypeHTTPRequest, `{"url": "`+tt.url+`"}`)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("error %v, want nil", err)
+			case tt.wantErr != "" && (!errors.Is(err, asynq.SkipRetry) || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("error %v, want SkipRetry saying %q", err, tt.wantErr)
+			}
+			if strings.Contains(tt.wantErr, "address ") && strings.Contains(tt.wantErr, "host ") && !strings.Contains(fmt.Sprint(err), "is loopback and not in http.allow") {
+				t.Errorf("error %v does not say the address is loopback", err)
 			}
 			if n := hits.Load(); n != tt.wantHits {
-				t.Errorf("server got %d requests, want %d", n, tt.wantHits)
+				t.Errorf("servers got %d requests, want %d", n, tt.wantHits)
 			}
 		})
 	}
 }
 
-func TestHTTPRequestAllowedHost(t *testing.T) {
-	h := newHTTPRequestHandler([]string{"API.example.com", "[::1]", "10.0.0.1"}, nil)
-	tests := []struct {
-		desc string
-		url  string
-		want bool
+func port(srv *httptest.Server) string {
+	return strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
+}
+
+// TestHTTPRequestNoProxy (9.1): the handler dials itself whatever
+// HTTP_PROXY says; a proxy would reach what the dial check refuses.
+func TestHTTPRequestNoProxy(t *testing.T) {
+	h := newHTTPRequestHandler(AllowList{})
+	if tr, ok := h.client.Transport.(*http.Transport); !ok || tr.Proxy != nil {
+		t.Errorf("transport %T with a proxy function; want an *http.Transport with Proxy nil", h.client.Transport)
+	}
+}
+
+// TestAllowList (9.1): the entries of http.allow, and which URLs and dials
+// they let through.
+func TestAllowList(t *testing.T) {
+	list, err := ParseAllowList([]string{"API.example.com", "api.example.com:8443", "[::1]:9000", "203.0.113.7", "10.20.0.0/16:8080", "[fd00::/8]:8080", "169.254.169.254:80", "2001:db8::1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		desc, url string
+		want      bool
 	}{
-		{"exact", "https://api.example.com/x", true},
-		{"case and port", "http://Api.Example.COM:8443/x", true},
-		{"IPv6 literal", "http://[::1]:8080/", true},
-		{"IPv4 with port", "http://10.0.0.1:9/", true},
+		{"name, http default port", "http://api.example.com/x", true},
+		{"name, https default port", "https://Api.Example.COM/x", true},
+		{"name with a trailing dot", "https://api.example.com./x", true},
+		{"name, listed port", "https://api.example.com:8443/x", true},
+		{"name, other port", "http://api.example.com:8080/x", false},
+		{"name, https port on http", "http://api.example.com:443/x", false},
 		{"subdomain", "https://x.api.example.com/", false},
 		{"suffix", "https://api.example.com.evil.test/", false},
 		{"userinfo trick", "https://api.example.com@evil.test/", false},
-		{"other IPv6", "http://[::2]/", false},
+		{"IPv6 with its port", "http://[::1]:9000/", true},
+		{"IPv6 other port", "http://[::1]:8080/", false},
+		{"bare IPv6 entry, default port", "https://[2001:db8::1]/", true},
+		{"IPv4, default port", "https://203.0.113.7/", true},
+		{"IPv4, other port", "http://203.0.113.7:8080/", false},
+		{"CIDR with port", "http://10.20.3.4:8080/", true},
+		{"CIDR, other port", "http://10.20.3.4/", false},
+		{"outside the CIDR", "http://10.21.0.1:8080/", false},
+		{"IPv6 CIDR with port", "http://[fd12::1]:8080/", true},
+		{"IPv4-mapped IPv6", "http://[::ffff:10.20.0.1]:8080/", true},
+	} {
+		u, err := url.Parse(tt.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := list.checkURL(u); (err == nil) != tt.want {
+			t.Errorf("%s: checkURL(%s) = %v, want allowed %v", tt.desc, tt.url, err, tt.want)
+		}
 	}
-	for _, tt := range tests {
-		t.Run(tt.desc, func(t *testing.T) {
-			u, err := url.Parse(tt.url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := h.allowed(u); got != tt.want {
-				t.Errorf("allowed(%s) = %v, want %v", tt.url, got, tt.want)
-			}
-		})
+	for _, tt := range []struct {
+		address string
+		why     string // "": allowed
+	}{
+		{"93.184.215.14:443", ""},
+		{"[2606:2800:21f:cb07:6820:80da:af6b:8b2c]:443", ""},
+		{"127.0.0.1:80", "loopback"},
+		{"[::1]:9000", ""},
+		{"[::1]:80", "loopback"},
+		{"[::ffff:127.0.0.1]:80", "loopback"},
+		{"169.254.169.254:80", ""},
+		{"169.254.169.254:8080", "link-local (the cloud metadata service)"},
+		{"169.254.1.1:80", "link-local"},
+		{"[fe80::1]:443", "link-local"},
+		{"10.20.9.9:8080", ""},
+		{"10.20.9.9:443", "private"},
+		{"172.16.0.1:443", "private"},
+		{"192.168.1.1:443", "private"},
+		{"[fd12::1]:8080", ""},
+		{"[fc00::1]:443", "private"},
+		{"100.64.0.1:443", "carrier-grade NAT"},
+		{"0.0.0.0:80", "unspecified"},
+		{"[::]:80", "unspecified"},
+		{"224.0.0.1:80", "multicast"},
+		{"[ff02::1]:80", "multicast"},
+		{"255.255.255.255:80", "reserved"},
+	} {
+		err := list.checkDial(tt.address)
+		var refused *RefusedAddressError
+		switch {
+		case tt.why == "" && err != nil:
+			t.Errorf("checkDial(%s) = %v, want nil", tt.address, err)
+		case tt.why != "" && (!errors.As(err, &refused) || refused.Why != tt.why):
+			t.Errorf("checkDial(%s) = %v, want refused as %s", tt.address, err, tt.why)
+		}
+	}
+	for _, bad := range []struct{ entry, want string }{
+		{"api.example.com:0", "the port must be a number from 1 to 65535"},
+		{"api.example.com:http", "the port must be a number"},
+		{"api.example.com:", "the port is missing"},
+		{"[::1", "missing ']'"},
+		{"[::1]9000", "want [address]:port"},
+		{"10.0.0.1/8", "did you mean 10.0.0.0/8?"},
+		{"http://api.example.com", "is a URL; give its host"},
+		{"*.example.com", "is not a host name"},
+		{"", "is not a host name"},
+	} {
+		if _, err := ParseAllowList([]string{"ok.example.com", bad.entry}); err == nil || !strings.Contains(err.Error(), "http.allow[1]: ") || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("ParseAllowList(%q) = %v, want an error naming http.allow[1] and saying %q", bad.entry, err, bad.want)
+		}
 	}
 }
 
@@ -291,7 +391,7 @@ func TestSleepHonoursCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(20*time.Millisecond, cancel)
 	start := time.Now()
-	err := process(ctx, t, nil, nil, TypeSleep, `{"ms": 3600000}`)
+	err := process(ctx, t, nil, TypeSleep, `{"ms": 3600000}`)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("error %v, want context.Canceled", err)
 	}
@@ -313,7 +413,7 @@ func TestSleepAndNoopHandlers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.desc, func(t *testing.T) {
-			err := process(context.Background(), t, nil, nil, tt.typ, tt.payload)
+			err := process(context.Background(), t, nil, tt.typ, tt.payload)
 			if skip := errors.Is(err, asynq.SkipRetry); skip != tt.wantSkip || (!tt.wantSkip && err != nil) {
 				t.Errorf("error %v, want SkipRetry %v", err, tt.wantSkip)
 			}

@@ -122,7 +122,7 @@ type fleetRun struct {
 func startFleet(t *testing.T, b backend, workers int, config string) *fleetRun {
 	t.Helper()
 	r := &fleetRun{backend: b, u: newUpstream(t)}
-	path := writeConfig(t, b.yaml(t)+"\n"+config)
+	path := writeConfig(t, b.yaml(t)+"\n"+config+r.u.allowYAML())
 	for range workers {
 		r.fleet = append(r.fleet, startWorker(t, path))
 	}
@@ -215,7 +215,6 @@ quotas:
   %s: {algorithm: token_bucket, %s}
 tasks:
   http:request: {quotas: [%s]}
-http: {allow: [127.0.0.1]}
 `, queue, quota, quotaSpec, quota))
 	r.enqueue(t, queue, "r", tasks)
 	arrivals := r.finish(t, tasks, 40*time.Second, queue)
@@ -242,7 +241,6 @@ quotas:
   %s: {algorithm: token_bucket, limit: 10, period: 1s, burst: 5}
 tasks:
   http:request: {quotas: [%s]}
-http: {allow: [127.0.0.1]}
 `, queue, quota, quota))
 	r.enqueue(t, queue, "r", tasks)
 	arrivals := r.finish(t, tasks, 40*time.Second, queue)
@@ -336,7 +334,6 @@ queues:
   %s: {algorithm: token_bucket, %s}
 tasks:
   http:request: {quotas: [%s]}
-http: {allow: [127.0.0.1]}
 `, yaml.String(), quota, quotaSpec, quota))
 	return r, queues
 }
@@ -346,6 +343,7 @@ http: {allow: [127.0.0.1]}
 // burst 40: 25/s within 2% from 1 s after the change.
 func TestGatesLiveChange(t *testing.T) {
 	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	r := &fleetRun{backend: backends[0], u: newUpstream(t)}
 	config := func(drain int, quotaSpec string) string {
 		return fmt.Sprintf(`%s
 worker: {concurrency: 10}
@@ -355,11 +353,9 @@ quotas:
   %s: {algorithm: token_bucket, %s}
 tasks:
   http:request: {quotas: [%s]}
-http: {allow: [127.0.0.1]}
-`, backends[0].yaml(t), queue, drain, quota, quotaSpec, quota)
+`, backends[0].yaml(t), queue, drain, quota, quotaSpec, quota) + r.u.allowYAML()
 	}
 	const tasks = 220
-	r := &fleetRun{backend: backends[0], u: newUpstream(t)}
 	path := writeConfig(t, config(5, "limit: 4, period: 1s, burst: 4"))
 	for range 3 {
 		r.fleet = append(r.fleet, startWorker(t, path))

@@ -28,6 +28,7 @@ import (
 type enqueueRun struct {
 	stdout, stderr string
 	code           int
+	peakRSS        int64 // the process's peak resident memory in bytes, as last seen while it ran
 }
 
 // runEnqueue runs bin/enqueue with args against the Redis at addr (through
@@ -40,12 +41,51 @@ func runEnqueue(t *testing.T, addr string, stdin io.Reader, args ...string) enqu
 	cmd.Stdin = stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("running enqueue %q: %v", args, err)
+	}
+	stop := make(chan struct{})
+	peak := make(chan int64)
+	go func() { peak <- watchPeakRSS(cmd.Process.Pid, filepath.Join(bin, "enqueue"), stop) }()
+	err := cmd.Wait()
+	close(stop)
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatalf("running enqueue %q: %v", args, err)
 	}
-	return enqueueRun{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()}
+	return enqueueRun{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), <-peak}
+}
+
+// watchPeakRSS reads the peak resident memory of process pid (VmHWM) every
+// few milliseconds until stop is closed, and returns the last reading
+// taken while the process ran binary. The rusage of a finished child
+// cannot serve: Linux counts in it the peak of the test process it was
+// forked from.
+func watchPeakRSS(pid int, binary string, stop <-chan struct{}) int64 {
+	var peak int64
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return peak
+		case <-tick.C:
+		}
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != binary {
+			continue
+		}
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(status), "\n") {
+			if kb, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				if n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")), 10, 64); err == nil {
+					peak = n << 10
+				}
+			}
+		}
+	}
 }
 
 func (r enqueueRun) String() string {
@@ -137,6 +177,9 @@ func TestEnqueueBadInput(t *testing.T) {
 			want: []string{"--queue", "lower case"}},
 		{desc: "unknown queue option in a line", file: `{"type": "demo:noop", "options": {"retries": 3}}`,
 			want: []string{`line 1: options: unknown option "retries"`, "max_retry"}},
+		{desc: "task id twice in a queue", file: `{"type": "demo:noop", "options": {"task_id": "a"}}` + "\n" + `{"type": "demo:noop", "options": {"task_id": "b"}}` + "\n" +
+			`{"type": "demo:noop", "options": {"task_id": "a"}}` + "\n" + `{"type": "demo:noop", "options": {"task_id": 3}}` + "\n",
+			want: []string{"has 2 bad lines;", `line 3: task_id "a" is also on line 1 in queue`, "line 4: options.task_id: want a string"}},
 		{desc: "JSON syntax error in a line", file: "\n" + `{"type": "demo:noop", "payload": {}` + "\n",
 			want: []string{"line 2: invalid JSON at byte 35"}},
 	}
@@ -516,7 +559,7 @@ func TestEnqueueFileRedisFailure(t *testing.T) {
 		}
 	}
 	cmd.Wait()
-	r := enqueueRun{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()}
+	r := enqueueRun{stdout: stdout.String(), stderr: stderr.String(), code: cmd.ProcessState.ExitCode()}
 	if !killed {
 		t.Fatalf("the load ended before its first progress line\n%v", r)
 	}
@@ -612,4 +655,104 @@ func taskIDs(t *testing.T, addr, queue string) map[string]bool {
 		t.Fatal(err)
 	}
 	return ids
+}
+
+// TestEnqueueFileMemory (9.8): the memory `enqueue --file` needs does not
+// grow with the file. A file of 100 MB of good lines is checked in full
+// and refused for its last line; the check held no task, so the process
+// peaked far below the file's size. Then the same lines, a fifth of them,
+// are loaded: loading holds a bounded batch, not the file.
+func TestEnqueueFileMemory(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	queue := redistest.Queue(t, "memory")
+	body := strings.Repeat("x", 1000)
+	line := func(i int) string {
+		return fmt.Sprintf(`{"type": "http:request", "payload": {"url": "http://127.0.0.1/%d", "method": "POST", "body": %q}}`, i, body)
+	}
+	const lines = 100_000 // about 1,100 bytes each
+	path := writeLines(t, lines, func(i int) string {
+		if i == lines {
+			return `{"type": "demo:sleep", "payload": {"ms": -1}}`
+		}
+		return line(i)
+	})
+	r := runEnqueue(t, addr, nil, "--config", enqueueConfig(t, queue), "--queue", queue, "--file", path)
+	peak := r.peakRSS
+	if r.code != 2 || !strings.Contains(r.stderr, fmt.Sprintf("line %d: ", lines)) {
+		t.Fatalf("want exit 2 naming line %d\n%v", lines, r)
+	}
+	t.Logf("checking a %d MB file: peak RSS %d MB", fileMB(t, path), peak>>20)
+	if peak > 60<<20 {
+		t.Errorf("checking a %d MB file peaked at %d MB RSS, want under 60 MB: memory grows with the file", fileMB(t, path), peak>>20)
+	}
+
+	const loaded = 20_000
+	path = writeLines(t, loaded, line)
+	r = runEnqueue(t, addr, nil, "--config", enqueueConfig(t, queue), "--queue", queue, "--file", path)
+	peak = r.peakRSS
+	if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("%d enqueued", loaded)) {
+		t.Fatalf("want exit 0 and %d enqueued\n%v", loaded, r)
+	}
+	t.Logf("loading a %d MB file: peak RSS %d MB", fileMB(t, path), peak>>20)
+	if peak > 60<<20 {
+		t.Errorf("loading a %d MB file peaked at %d MB RSS, want under 60 MB", fileMB(t, path), peak>>20)
+	}
+	if n := queueSize(t, addr, queue); n != loaded {
+		t.Errorf("%d tasks in the queue, want %d", n, loaded)
+	}
+	deleteQueue(t, addr, queue)
+}
+
+// TestEnqueueInputLimits (9.8): a byte-order mark before the first line is
+// skipped; an absurd --count is refused before anything is allocated.
+func TestEnqueueInputLimits(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	queue := redistest.Queue(t, "limits")
+	config := enqueueConfig(t, queue)
+	path := filepath.Join(t.TempDir(), "bom.jsonl")
+	if err := os.WriteFile(path, []byte("\xEF\xBB\xBF"+`{"type": "demo:noop"}`+"\n"+`{"type": "demo:noop"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := runEnqueue(t, addr, nil, "--config", config, "--queue", queue, "--file", path); r.code != 0 || !strings.Contains(r.stdout, "2 enqueued") {
+		t.Errorf("a file that starts with a UTF-8 BOM: want exit 0 and 2 enqueued\n%v", r)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if r := runEnqueue(t, addr, f, "--config", config, "--queue", queue, "--file", "-"); r.code != 0 || !strings.Contains(r.stdout, "2 enqueued") {
+		t.Errorf("the same on stdin: want exit 0 and 2 enqueued\n%v", r)
+	}
+	for _, count := range []string{"2000000000", "1000001"} {
+		r := runEnqueue(t, addr, nil, "--config", config, "--queue", queue, "--count", count, "demo:noop")
+		if r.code != 2 || !strings.Contains(r.stderr, "--count must be at most 1,000,000, got "+count) {
+			t.Errorf("--count %s: want exit 2 and a message naming the maximum\n%v", count, r)
+		}
+	}
+	if n := queueSize(t, addr, queue); n != 4 {
+		t.Errorf("%d tasks in the queue, want 4", n)
+	}
+}
+
+func fileMB(t *testing.T, path string) int64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size() >> 20
+}
+
+// deleteQueue removes a test's queue and its tasks, so that large tests
+// leave Redis as they found it.
+func deleteQueue(t *testing.T, addr, queue string) {
+	t.Helper()
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: addr})
+	defer inspector.Close()
+	if err := inspector.DeleteQueue(queue, true); err != nil {
+		t.Errorf("deleting queue %s: %v", queue, err)
+	}
 }

@@ -25,8 +25,8 @@ redis: {addr: %s}
 worker: {concurrency: 10}
 queues:
   %s: {drain: {limit: 20, period: 1s, burst: 1}}
-http: {allow: [127.0.0.1]}
-`, redisAddr(t), queue))
+http: {allow: ['%s']}
+`, redisAddr(t), queue, u.Listener.Addr().String()))
 	var fleet []*worker
 	for range 3 {
 		fleet = append(fleet, startWorker(t, config))
@@ -59,8 +59,8 @@ func TestRedisRestart(t *testing.T) {
 redis: {addr: %s}
 queues:
   %s: {drain: {limit: 20, period: 1s, burst: 1}}
-http: {allow: [127.0.0.1]}
-`, srv.Addr, queue))
+http: {allow: ['%s']}
+`, srv.Addr, queue, u.Listener.Addr().String()))
 	for range 2 {
 		startWorker(t, config)
 	}

@@ -183,6 +183,11 @@ type upstream struct {
 	n                int
 }
 
+// allowYAML is the http section of a config that lets http:request call u.
+func (u *upstream) allowYAML() string {
+	return fmt.Sprintf("http: {allow: ['%s']}\n", u.Listener.Addr())
+}
+
 // Under returns the arrival times of the requests whose path is under
 // /prefix/, sorted.
 func (u *upstream) Under(prefix string) []time.Time {

@@ -1,15 +1,21 @@
 package test
 
 import (
-	"bytes"
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"maps"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,17 +27,30 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// intake is a running `enqueue serve`.
+// intakeServer is a running `enqueue serve`.
 type intakeServer struct {
-	url string
+	url     string // the public listener
+	metrics string // the metrics listener
+	config  string // the path of its config file
+	log     string // the path of its log
 }
 
 // startIntake runs `enqueue serve` on a config whose gateway section is
-// gateway, and waits until it answers.
-func startIntake(t *testing.T, gateway string) *intakeServer {
+// gateway (indented by two spaces) and whose queues are queues, and waits
+// until it answers.
+func startIntake(t *testing.T, gateway string, queues ...string) *intakeServer {
 	t.Helper()
-	addr := freeAddr(t)
-	config := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\ngateway:\n  listen: %s\n%s", redisAddr(t), addr, gateway))
+	addr, metrics := freeAddr(t), freeAddr(t)
+	var b strings.Builder
+	fmt.Fprintf(&b, "redis: {addr: %s}\n", redisAddr(t))
+	if len(queues) > 0 {
+		b.WriteString("queues:\n")
+		for _, q := range queues {
+			fmt.Fprintf(&b, "  %s: {}\n", q)
+		}
+	}
+	fmt.Fprintf(&b, "gateway:\n  listen: %s\n  metrics_addr: %s\n%s", addr, metrics, gateway)
+	config := writeConfig(t, b.String())
 	logPath := filepath.Join(t.TempDir(), "serve.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -51,7 +70,7 @@ func startIntake(t *testing.T, gateway string) *intakeServer {
 			t.Logf("enqueue serve log:\n%s", tail(string(b), 30))
 		}
 	})
-	s := &intakeServer{url: "http://" + addr}
+	s := &intakeServer{url: "http://" + addr, metrics: "http://" + metrics, config: config, log: logPath}
 	testkit.WaitFor(t, 15*time.Second, "enqueue serve to answer", func() bool {
 		resp, err := http.Get(s.url + "/healthz")
 		if err == nil {
@@ -66,11 +85,29 @@ func startIntake(t *testing.T, gateway string) *intakeServer {
 // headers, and returns the status, the Retry-After and the task id.
 func (s *intakeServer) post(t *testing.T, client, queue string, headers map[string]string) (status, retryAfter int, id string) {
 	t.Helper()
-	body := fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, queue)
-	req, _ := http.NewRequest("POST", s.url+"/v1/tasks", bytes.NewBufferString(body))
 	if client != "" {
-		req.Header.Set("X-API-Key", client)
+		headers = with(headers, "X-API-Key", client)
 	}
+	resp, body := s.do(t, fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, queue), headers)
+	var answer struct{ ID string }
+	json.Unmarshal(body, &answer)
+	retryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
+	return resp.StatusCode, retryAfter, answer.ID
+}
+
+// send posts body as one task request with headers, and returns the
+// status and the answer's body.
+func (s *intakeServer) send(t *testing.T, body string, headers map[string]string) (int, string) {
+	t.Helper()
+	resp, answer := s.do(t, body, headers)
+	return resp.StatusCode, string(answer)
+}
+
+// do posts body to /v1/tasks with headers and returns the answer, its body
+// read.
+func (s *intakeServer) do(t *testing.T, body string, headers map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", s.url+"/v1/tasks", strings.NewReader(body))
 	for k, v := range headers {
 		req.Header.Set(k, v)
 	}
@@ -79,10 +116,8 @@ func (s *intakeServer) post(t *testing.T, client, queue string, headers map[stri
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var answer struct{ ID string }
-	json.NewDecoder(resp.Body).Decode(&answer)
-	retryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
-	return resp.StatusCode, retryAfter, answer.ID
+	answer, _ := io.ReadAll(resp.Body)
+	return resp, answer
 }
 
 // limitName gives a test's limits names of their own: the limits' state in
@@ -92,10 +127,10 @@ func limitName(t *testing.T, name string) string {
 }
 
 func TestIntakeRetryAfter(t *testing.T) {
+	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: client, algorithm: sliding_log, limit: 3, period: 2s}
-`, limitName(t, "per-client")))
-	queue := redistest.Queue(t, "q")
+`, limitName(t, "per-client")), queue)
 	for i := 0; i < 3; i++ {
 		if status, _, _ := s.post(t, "alice", queue, nil); status != http.StatusAccepted {
 			t.Fatalf("request %d: %d, want 202", i, status)
@@ -118,12 +153,12 @@ func TestIntakeRetryAfter(t *testing.T) {
 // or per-ip, so another client from the same address still gets all that
 // is left of them.
 func TestIntakeAllOrNothing(t *testing.T) {
+	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: global, algorithm: token_bucket, limit: 10, period: 1m}
     - {name: %s, key: client, algorithm: sliding_log, limit: 3, period: 1m}
     - {name: %s, key: ip, algorithm: sliding_counter, limit: 10, period: 1m}
-`, limitName(t, "overall"), limitName(t, "per-client"), limitName(t, "per-ip")))
-	queue := redistest.Queue(t, "q")
+`, limitName(t, "overall"), limitName(t, "per-client"), limitName(t, "per-ip")), queue)
 	accepted := func(client string, n int) int {
 		ok := 0
 		for i := 0; i < n; i++ {
@@ -150,10 +185,10 @@ func TestIntakeAllOrNothing(t *testing.T) {
 // proxy is not believed: 1,000 requests with random addresses in it are one
 // client for the per-ip limit.
 func TestIntakeForwardedFor(t *testing.T) {
+	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: ip, algorithm: sliding_log, limit: 50, period: 1m}
-`, limitName(t, "per-ip")))
-	queue := redistest.Queue(t, "q")
+`, limitName(t, "per-ip")), queue)
 	ok := 0
 	for i := 0; i < 1000; i++ {
 		xff := fmt.Sprintf("%d.%d.%d.%d", rand.IntN(223)+1, rand.IntN(256), rand.IntN(256), rand.IntN(256))
@@ -170,11 +205,11 @@ func TestIntakeForwardedFor(t *testing.T) {
 // refused throughout without touching the limits, and banned for twice as
 // long the next time.
 func TestIntakeBan(t *testing.T) {
+	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: client, algorithm: sliding_log, limit: 2, period: 1s}
   ban: {after: 3, within: 1m, for: 2s, max: 8s}
-`, limitName(t, "per-client")))
-	queue := redistest.Queue(t, "q")
+`, limitName(t, "per-client")), queue)
 	ban := func() (retryAfter int) {
 		for i := 0; i < 5; i++ {
 			s.post(t, "mallory", queue, nil)
@@ -209,11 +244,11 @@ func TestIntakeBan(t *testing.T) {
 // TestIntakeConcurrentClients: 200 clients at once; every task answered 202
 // is in Redis.
 func TestIntakeConcurrentClients(t *testing.T) {
+	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: global, algorithm: token_bucket, limit: 1000, period: 1s, burst: 1000}
     - {name: %s, key: client, algorithm: sliding_log, limit: 5, period: 1m}
-`, limitName(t, "overall"), limitName(t, "per-client")))
-	queue := redistest.Queue(t, "q")
+`, limitName(t, "overall"), limitName(t, "per-client")), queue)
 	var mu sync.Mutex
 	var ids []string
 	var wg sync.WaitGroup
@@ -237,5 +272,239 @@ func TestIntakeConcurrentClients(t *testing.T) {
 		if _, err := inspector.GetTaskInfo(queue, id); err != nil {
 			t.Errorf("task %s answered 202 is not in Redis: %v", id, err)
 		}
+	}
+}
+
+// TestIntakeRefuses (9.9, 9.1): what no worker would run, or what the
+// intake does not take, is 400 naming the field, and nothing is enqueued:
+// a queue no config names, options.group (workers run no aggregator), and
+// http:request, which gateway.types leaves out by default.
+func TestIntakeRefuses(t *testing.T) {
+	queue, unknown := redistest.Queue(t, "q"), redistest.Queue(t, "nowhere")
+	s := startIntake(t, "", queue)
+	for _, c := range []struct{ desc, body, want string }{
+		{"a queue no config names", fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, unknown), `queue: \"` + unknown + `\" is not under queues`},
+		{"the default queue, not configured here", `{"type": "demo:noop"}`, `queue: \"default\" is not under queues`},
+		{"a group", fmt.Sprintf(`{"type": "demo:noop", "queue": %q, "options": {"group": "g"}}`, queue), "options.group: workers run no group aggregator"},
+		{"http:request by default", fmt.Sprintf(`{"type": "http:request", "queue": %q, "payload": {"url": "http://127.0.0.1:2112/ui/api/queues"}}`, queue),
+			`type: \"http:request\" is not a type this intake takes (gateway.types: demo:noop, demo:sleep)`},
+	} {
+		status, body := s.send(t, c.body, nil)
+		if status != http.StatusBadRequest || !strings.Contains(body, c.want) {
+			t.Errorf("%s: %d %s, want 400 saying %s", c.desc, status, body, c.want)
+		}
+	}
+	if n := queueSize(t, redistest.Addr(t), unknown); n != 0 {
+		t.Errorf("%d tasks in the unknown queue, want 0", n)
+	}
+	if n := queueSize(t, redistest.Addr(t), queue); n != 0 {
+		t.Errorf("%d tasks in the queue, want 0", n)
+	}
+	if status, body := s.send(t, fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, queue), nil); status != http.StatusAccepted {
+		t.Errorf("a good request: %d %s, want 202", status, body)
+	}
+}
+
+// trustLoopback is a gateway section that believes X-Forwarded-For from
+// this machine, so that a test's requests can come from an address of
+// their own (see clientAddr): bans on an address outlive a test in Redis.
+const trustLoopback = "  trusted_proxies: [127.0.0.1/32]\n"
+
+// clientAddr is an X-Forwarded-For header with an address of the test's
+// own, from the documentation range 2001:db8::/32.
+func clientAddr() map[string]string {
+	return map[string]string{"X-Forwarded-For": fmt.Sprintf("2001:db8:%x:%x::1", rand.Uint32N(1<<16), rand.Uint32N(1<<16))}
+}
+
+// with returns headers plus the header k: v.
+func with(headers map[string]string, k, v string) map[string]string {
+	h := maps.Clone(headers)
+	if h == nil {
+		h = map[string]string{}
+	}
+	h[k] = v
+	return h
+}
+
+// keyHash is the SHA-256 of key in hex, as gateway.clients wants it.
+func keyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// TestIntakeClients (9.12): with gateway.clients, a request needs a known
+// API key: none or an unknown one is 401 and counts toward a ban on the
+// address; each client may use its types and queues only (403); the keys
+// are never logged; a client added to the file is let in without a
+// restart.
+func TestIntakeClients(t *testing.T) {
+	q1, q2 := redistest.Queue(t, "q1"), redistest.Queue(t, "q2")
+	gateway := trustLoopback + fmt.Sprintf(`  clients:
+    - {name: alice, key_sha256: %s, types: [demo:noop], queues: [%s]}
+    - {name: bob, key_sha256: %s}
+  ban: {after: 4, within: 1m, for: 3s}
+`, keyHash("alice-secret"), q1, strings.ToUpper(keyHash("bob-secret")))
+	s := startIntake(t, gateway, q1, q2)
+	noop := func(q string) string { return fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, q) }
+	from := clientAddr()
+	key := func(k string) map[string]string { return with(from, "X-API-Key", k) }
+	for _, c := range []struct {
+		desc    string
+		body    string
+		headers map[string]string
+		status  int
+		want    string
+	}{
+		{"alice in her queue", noop(q1), key("alice-secret"), http.StatusAccepted, `"id"`},
+		{"bob anywhere", noop(q2), key("bob-secret"), http.StatusAccepted, `"id"`},
+		{"bob with demo:sleep", fmt.Sprintf(`{"type": "demo:sleep", "queue": %q, "payload": {"ms": 1}}`, q2), key("bob-secret"), http.StatusAccepted, `"id"`},
+		{"alice in another queue", noop(q2), key("alice-secret"), http.StatusForbidden, `queue: client \"alice\" may not enqueue to`},
+		{"alice with another type", fmt.Sprintf(`{"type": "demo:sleep", "queue": %q, "payload": {"ms": 1}}`, q1), key("alice-secret"), http.StatusForbidden, `type: client \"alice\" may not enqueue \"demo:sleep\"`},
+		{"no key", noop(q1), from, http.StatusUnauthorized, "an API key is required"},
+		{"an unknown key", noop(q1), key("alice-secreT"), http.StatusUnauthorized, "unknown API key"},
+	} {
+		status, body := s.send(t, c.body, c.headers)
+		if status != c.status || !strings.Contains(body, c.want) {
+			t.Errorf("%s: %d %s, want %d saying %s", c.desc, status, body, c.status, c.want)
+		}
+	}
+	// Two refusals so far; two more unknown keys from this address ban it,
+	// a known key included.
+	for range 2 {
+		s.send(t, noop(q1), key("guess"))
+	}
+	if status, body := s.send(t, noop(q1), key("alice-secret")); status != http.StatusTooManyRequests {
+		t.Errorf("after 4 refused keys: %d %s, want 429 (the address is banned)", status, body)
+	}
+	if status, body := s.send(t, noop(q1), with(clientAddr(), "X-API-Key", "alice-secret")); status != http.StatusAccepted {
+		t.Errorf("alice from another address: %d %s, want 202", status, body)
+	}
+	from = clientAddr()
+
+	b, err := os.ReadFile(s.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	added := strings.Replace(string(b), "  ban:", fmt.Sprintf("    - {name: carol, key_sha256: %s}\n  ban:", keyHash("carol-secret")), 1)
+	if err := os.WriteFile(s.config, []byte(added), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 5*time.Second, "carol's key to be taken after the config changed", func() bool {
+		status, _ := s.send(t, noop(q2), key("carol-secret"))
+		return status == http.StatusAccepted
+	})
+	log, _ := os.ReadFile(s.log)
+	for _, secret := range []string{"alice-secret", "bob-secret", "carol-secret", "guess", keyHash("alice-secret")} {
+		if strings.Contains(string(log), secret) {
+			t.Errorf("the intake's log holds %q", secret)
+		}
+	}
+}
+
+// TestIntakePublicNeedsClients (9.12): an intake configured to listen
+// beyond loopback without API keys does not start (exit 2, naming
+// gateway.listen and gateway.clients), unless anonymous clients are
+// allowed on purpose.
+func TestIntakePublicNeedsClients(t *testing.T) {
+	_, port, _ := strings.Cut(freeAddr(t), ":")
+	config := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\ngateway: {listen: '0.0.0.0:%s', metrics_addr: %s}\n", redisAddr(t), port, freeAddr(t)))
+	r := runEnqueue(t, redisAddr(t), nil, "--config", config, "serve")
+	if r.code != 2 || !strings.Contains(r.stderr, "gateway.listen 0.0.0.0:"+port) || !strings.Contains(r.stderr, "gateway.clients") ||
+		!strings.Contains(r.stderr, "gateway.allow_anonymous") {
+		t.Errorf("want exit 2 naming gateway.listen, gateway.clients and gateway.allow_anonymous\n%v", r)
+	}
+	s := startIntake(t, "  allow_anonymous: true\n", redistest.Queue(t, "q"))
+	if resp, err := http.Get(s.url + "/healthz"); err != nil {
+		t.Errorf("with allow_anonymous: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+}
+
+// TestIntakeCheapChecksFirst (suspected in 9): a banned client, or one
+// without a known key, is answered before its body is read: a request
+// whose body never comes gets its 429 or 401 at once, where the intake
+// used to wait for the body (30 s) first.
+func TestIntakeCheapChecksFirst(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	s := startIntake(t, trustLoopback+fmt.Sprintf(`  limits:
+    - {name: %s, key: client, algorithm: sliding_log, limit: 1, period: 1m}
+  ban: {after: 2, within: 1m, for: 1m}
+  clients:
+    - {name: mallory, key_sha256: %s}
+`, limitName(t, "per-client"), keyHash("mallory-key")), queue)
+	from := clientAddr()
+	for range 3 { // one accepted, two refused: banned
+		s.send(t, fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, queue), with(from, "X-API-Key", "mallory-key"))
+	}
+	for _, c := range []struct {
+		desc, key string
+		status    int
+	}{
+		{"banned", "mallory-key", http.StatusTooManyRequests},
+		{"unknown key", "nobody", http.StatusUnauthorized},
+	} {
+		host := strings.TrimPrefix(s.url, "http://")
+		conn, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Headers promising a body that is never sent.
+		fmt.Fprintf(conn, "POST /v1/tasks HTTP/1.1\r\nHost: %s\r\nX-API-Key: %s\r\nX-Forwarded-For: %s\r\nContent-Length: 1000\r\n\r\n",
+			host, c.key, from["X-Forwarded-For"])
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Errorf("%s: no answer within 2 s while the body is missing: %v", c.desc, err)
+		} else if resp.StatusCode != c.status {
+			t.Errorf("%s: %d, want %d", c.desc, resp.StatusCode, c.status)
+		}
+		conn.Close()
+	}
+}
+
+// TestIntakeConnectionsAndMetrics (suspected in 9): the intake holds at
+// most gateway.max_connections connections at once, and serves /metrics
+// only on gateway.metrics_addr, not on its public listener.
+func TestIntakeConnectionsAndMetrics(t *testing.T) {
+	s := startIntake(t, "  max_connections: 3\n", redistest.Queue(t, "q"))
+	s.send(t, `{"type": "demo:noop", "queue": "nowhere"}`, nil) // a 400, so the counter has a sample
+	if resp, err := http.Get(s.url + "/metrics"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/metrics on the public listener: %s, want 404", resp.Status)
+	}
+	resp, err := http.Get(s.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "sluice_intake_requests_total") {
+		t.Errorf("/metrics on gateway.metrics_addr: %d, want 200 with sluice_intake_requests_total", resp.StatusCode)
+	}
+
+	http.DefaultClient.CloseIdleConnections() // kept-alive connections would hold slots
+	host := strings.TrimPrefix(s.url, "http://")
+	var idle []net.Conn
+	for range 3 {
+		conn, err := net.Dial("tcp", host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		idle = append(idle, conn)
+	}
+	time.Sleep(100 * time.Millisecond) // accepted, each waiting for its request line
+	quick := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	if resp, err := quick.Get(s.url + "/healthz"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a 4th connection was served while 3 were open (max_connections: 3)")
+	}
+	idle[0].Close()
+	if resp, err := quick.Get(s.url + "/healthz"); err != nil {
+		t.Errorf("after one connection closed: %v, want an answer", err)
+	} else {
+		resp.Body.Close()
 	}
 }

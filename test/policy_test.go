@@ -49,8 +49,8 @@ quotas:
   %s: {algorithm: token_bucket, limit: 4, period: 1s, burst: 1, on_redis_error: %s}
 tasks:
   http:request: {quotas: [%s]}
-http: {allow: [127.0.0.1]}
-`, redisAddr(t), user, password, queue, quota, c.policy, quota))
+http: {allow: ['%s']}
+`, redisAddr(t), user, password, queue, quota, c.policy, quota, u.Listener.Addr().String()))
 			w := startWorker(t, config)
 			enqueueRequests(t, u, queue, "r", 20)
 			time.Sleep(3 * time.Second)

@@ -37,8 +37,8 @@ quotas:
   %s: {algorithm: token_bucket, limit: 10, period: 1s, burst: 5}
 tasks:
   http:request: {quotas: [%s]}
-http: {allow: [127.0.0.1]}
-`, redisAddr(t), queues[0], queues[1], queues[2], quota, quota))
+http: {allow: ['%s']}
+`, redisAddr(t), queues[0], queues[1], queues[2], quota, quota, u.Listener.Addr().String()))
 	for range 3 {
 		startWorker(t, config)
 	}
@@ -93,8 +93,8 @@ quotas:
   %s: {limit: 10, period: 1s, burst: 5}
 tasks:
   http:request: {quotas: [%s]}
-http: {allow: [127.0.0.1]}
-`, redisAddr(t), queue, quota, quota))
+http: {allow: ['%s']}
+`, redisAddr(t), queue, quota, quota, u.Listener.Addr().String()))
 	for range 2 {
 		startWorker(t, config)
 	}
@@ -129,8 +129,8 @@ func TestLiveReload(t *testing.T) {
 redis: {addr: %s}
 queues:
   %s: {drain: {limit: %s, period: 1s, burst: 1}}
-http: {allow: [127.0.0.1]}
-`, redisAddr(t), queue, rate)
+http: {allow: ['%s']}
+`, redisAddr(t), queue, rate, u.Listener.Addr().String())
 	}
 	path := writeConfig(t, config("5"))
 	w := startWorker(t, path)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -18,6 +19,10 @@ import (
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/jobs"
 )
+
+// maxCount is the most copies one --count makes: a typo's extra digits
+// would otherwise fill Redis.
+const maxCount = 1_000_000
 
 // enqueueFlags are the root command's flags.
 type enqueueFlags struct {
@@ -77,7 +82,7 @@ config (nothing enqueued).`,
 	fl := cmd.Flags()
 	fl.SortFlags = false
 	fl.StringVar(&f.queue, "queue", "default", "the `queue`: lower case; a queue config.yaml does not name gets a warning")
-	fl.IntVar(&f.count, "count", 1, "enqueue `N` copies of the task")
+	fl.IntVar(&f.count, "count", 1, "enqueue `N` copies of the task (at most 1,000,000)")
 	fl.StringVar(&f.file, "file", "", "enqueue the tasks of a JSON Lines `FILE` (\"-\": stdin)")
 	fl.IntVar(&f.skip, "skip", 0, "with --file: skip the first `N` lines (to resume a run Redis cut short)")
 	fl.StringVar(&f.processIn, "process-in", "", "run the task after this `duration` (5m)")
@@ -140,6 +145,8 @@ func (f enqueueFlags) check(fs *pflag.FlagSet, args []string) (optionValues, err
 	switch {
 	case f.count < 1:
 		bad("--count must be >= 1, got %d", f.count)
+	case f.count > maxCount:
+		bad("--count must be at most %s, got %d; for more, run it again or use --file", grouped(maxCount), f.count)
 	case f.count > 1 && v.TaskID != nil:
 		bad("--task-id cannot be used with --count %d: the copies would all need the same id", f.count)
 	case f.count > 1 && v.Unique != nil:
@@ -184,185 +191,188 @@ func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values optionVal
 	if err != nil {
 		return err
 	}
-	warnUnconfigured(cmd.ErrOrStderr(), file, map[string]int{f.queue: f.count})
-	tasks := make([]task, f.count)
-	for i := range tasks {
-		tasks[i] = t
-		tasks[i].line = i + 1
-	}
-	results, _, err := connectAndLoad(cmd, file.Redis, tasks, f.count > 1)
-	if err != nil {
-		return err
+	warnUnconfigured(cmd.ErrOrStderr(), file, map[string]int{f.queue: f.count}, 0)
+	copies := 0
+	next := func() (task, bool, error) {
+		if copies == f.count {
+			return task{}, false, nil
+		}
+		copies++
+		c := t
+		c.line = copies
+		return c, true, nil
 	}
 	out := cmd.OutOrStdout()
-	for _, r := range results {
+	y, _, err := connectAndLoad(cmd, file.Redis, f.count, next, f.count > 1, func(r result) {
 		if r.id != "" {
 			fmt.Fprintln(out, r.id)
 		}
+	})
+	if err != nil {
+		return err
 	}
-	n := tally(results)
 	switch {
-	case n[existed] > 0:
+	case y.n[existed] > 0:
 		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: already enqueued: queue %q has a task with id %q\n", t.queue, t.taskID)
-	case n[duplicate] > 0:
+	case y.n[duplicate] > 0:
 		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: not enqueued: queue %q has a task of the same type and payload, unique for --unique %s\n", t.queue, f.unique)
 	}
-	if failed := len(results) - n[enqueued] - n[existed] - n[duplicate]; failed > 0 {
+	if failed := y.tasks - y.landed(); failed > 0 {
 		var b strings.Builder
-		if len(tasks) == 1 {
-			fmt.Fprintf(&b, "%s: %v", stopped(file.Redis, results), firstError(results))
-			if n[uncertain] > 0 {
+		if y.tasks == 1 {
+			fmt.Fprintf(&b, "%s: %v", stopped(file.Redis, y), firstError(y))
+			if y.n[uncertain] > 0 {
 				b.WriteString("\nthe task was sent, but the connection broke before Redis answered: it may be in Redis or not")
 			} else {
 				b.WriteString("\nthe task was not enqueued")
 			}
 			return redisFailed(errors.New(b.String()))
 		}
-		fmt.Fprintf(&b, "%s after %d of %d copies: %v\n", stopped(file.Redis, results), n[enqueued], len(tasks), firstError(results))
-		writeOutcomes(&b, "copies", tasks, results)
-		if n[uncertain] == 0 {
+		fmt.Fprintf(&b, "%s after %d of %d copies: %v\n", stopped(file.Redis, y), y.n[enqueued], y.tasks, firstError(y))
+		writeOutcomes(&b, "copies", y)
+		if y.n[uncertain] == 0 {
 			fmt.Fprintf(&b, "to enqueue the rest, run the same command with --count %d", failed)
 		} else {
-			fmt.Fprintf(&b, "to enqueue the rest, run the same command with --count %d, or %d if the uncertain copies are not in Redis", n[notTried]+n[refused], failed)
+			fmt.Fprintf(&b, "to enqueue the rest, run the same command with --count %d, or %d if the uncertain copies are not in Redis", y.n[notTried]+y.n[refused], failed)
 		}
 		return redisFailed(errors.New(b.String()))
 	}
 	return nil
 }
 
-// enqueueFile enqueues every task of --file and prints a summary.
+// enqueueFile enqueues every task of --file and prints a summary. The file
+// is read twice, so that what a run holds does not grow with it: first
+// every line is checked, then the lines are loaded a batch at a time.
 func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values optionValues) error {
 	start := time.Now()
-	in := cmd.InOrStdin()
+	var in *os.File
 	name := "stdin"
-	if f.file != "-" {
-		file, err := openFile(f.file)
-		if err != nil {
-			return badInput(err)
-		}
-		defer file.Close()
-		in, name = file, f.file
+	var err error
+	if f.file == "-" {
+		in, err = spool(cmd.InOrStdin())
+	} else {
+		in, err = openFile(f.file)
+		name = f.file
 	}
-	tasks, err := readTasks(in, name, f.skip, lineDefaults{queue: f.queue, options: values}, time.Now())
 	if err != nil {
 		return badInput(err)
 	}
+	defer in.Close()
+	// The config is read first: the check counts tasks by queue, known or not.
 	file, err := a.loadConfig()
 	if err != nil {
 		return err
 	}
-	perQueue := map[string]int{}
-	for _, t := range tasks {
-		perQueue[t.queue]++
+	known := func(q string) bool { _, ok := file.Jobs.Queues[q]; return ok }
+	now := time.Now()
+	d := lineDefaults{queue: f.queue, options: values}
+	c, err := checkTasks(in, name, f.skip, d, now, known)
+	if err != nil {
+		return badInput(err)
 	}
-	warnUnconfigured(cmd.ErrOrStderr(), file, perQueue)
-	if len(tasks) == 0 {
+	warnUnconfigured(cmd.ErrOrStderr(), file, c.queues, c.more)
+	if c.tasks == 0 {
 		fmt.Fprintf(cmd.OutOrStdout(), "%s: no tasks to enqueue\n", name)
 		return nil
 	}
-	checked := time.Since(start)
-	results, elapsed, err := connectAndLoad(cmd, file.Redis, tasks, true)
-	if err != nil {
-		return err
+	if _, err := in.Seek(0, io.SeekStart); err != nil {
+		return badInput(fmt.Errorf("reading %s again: %w; nothing was enqueued", name, err))
 	}
-	n := tally(results)
-	if n[enqueued]+n[existed]+n[duplicate] == len(tasks) {
+	checkedIn := time.Since(start)
+	y, elapsed, err := connectAndLoad(cmd, file.Redis, c.tasks, fileTasks(in, name, f.skip, d, now), true, func(result) {})
+	switch {
+	case err != nil && y == nil:
+		return err
+	case err == nil && y.landed() == c.tasks:
 		fmt.Fprintf(cmd.OutOrStdout(), "%s: %d tasks in %.2fs (%s tasks/s; read and checked in %.2fs): %d enqueued%s\n",
-			name, len(tasks), elapsed.Seconds(), grouped(float64(len(tasks))/elapsed.Seconds()), checked.Seconds(), n[enqueued], alreadyThere(n))
+			name, y.tasks, elapsed.Seconds(), grouped(float64(y.tasks)/elapsed.Seconds()), checkedIn.Seconds(), y.n[enqueued], alreadyThere(y))
 		return nil
 	}
-	return redisFailed(fileFailure(name, file.Redis, tasks, results))
+	return redisFailed(fileFailure(name, file.Redis, y, err))
 }
 
 // alreadyThere describes the tasks that were in Redis before.
-func alreadyThere(n map[outcome]int) string {
+func alreadyThere(y *tally) string {
 	var s string
-	if n[existed] > 0 {
-		s += fmt.Sprintf(", %d already enqueued (their task_id was taken)", n[existed])
+	if y.n[existed] > 0 {
+		s += fmt.Sprintf(", %d already enqueued (their task_id was taken)", y.n[existed])
 	}
-	if n[duplicate] > 0 {
-		s += fmt.Sprintf(", %d not enqueued as duplicates (unique)", n[duplicate])
+	if y.n[duplicate] > 0 {
+		s += fmt.Sprintf(", %d not enqueued as duplicates (unique)", y.n[duplicate])
 	}
 	return s
 }
 
-// fileFailure reports a --file run that Redis cut short: which lines are
-// in Redis, which may be, which are not, and how to resume.
-func fileFailure(name string, r config.Redis, tasks []task, results []result) error {
-	n := tally(results)
+// fileFailure reports a --file run that Redis (or readErr, a file that
+// changed between its two readings) cut short: which lines are in Redis,
+// which may be, which are not, and how to resume.
+func fileFailure(name string, r config.Redis, y *tally, readErr error) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s part way: %v\n", stopped(r, results), firstError(results))
-	fmt.Fprintf(&b, "%s: %d of %d tasks are in Redis%s\n", name, n[enqueued]+n[existed]+n[duplicate], len(tasks), alreadyThere(n))
-	writeOutcomes(&b, "lines", tasks, results)
-	first := slices.IndexFunc(results, func(r result) bool { return !r.outcome.inRedis() })
-	skip := tasks[first].line - 1
-	fmt.Fprintf(&b, "to resume, run the same command with --skip %d (the lines before line %d, the first that is not surely in Redis)", skip, tasks[first].line)
+	if readErr != nil {
+		fmt.Fprintf(&b, "stopped part way: %v\n", readErr)
+	} else {
+		fmt.Fprintf(&b, "%s part way: %v\n", stopped(r, y), firstError(y))
+	}
+	fmt.Fprintf(&b, "%s: %d of %d tasks are in Redis%s\n", name, y.landed(), y.tasks, alreadyThere(y))
+	writeOutcomes(&b, "lines", y)
+	if y.first == 0 {
+		// Every task read is in Redis: the file changed after them.
+		fmt.Fprintf(&b, "the lines after these were not read; check the file before you resume")
+		return errors.New(b.String())
+	}
+	fmt.Fprintf(&b, "to resume, run the same command with --skip %d (the lines before line %d, the first that is not surely in Redis)", y.first-1, y.first)
 	// A resumed run sends every line from first on again; those that are or
 	// may be in Redis count as already enqueued only if they have a task id.
-	maybeIn := func(i int) bool { return results[i].outcome.inRedis() || results[i].outcome == uncertain }
-	again := func(i int) bool { return i >= first && maybeIn(i) && tasks[i].taskID == "" }
-	var resent, withID int
-	for i := first; i < len(tasks); i++ {
-		switch {
-		case again(i):
-			resent++
-		case maybeIn(i):
-			withID++
-		}
-	}
 	switch {
-	case resent > 0:
+	case y.again.count > 0:
 		fmt.Fprintf(&b, "\nwarning: these lines from line %d on are or may be in Redis and have no task_id, so resuming would enqueue them again: %s (%d)",
-			tasks[first].line, spans(tasks, again), resent)
-	case withID > 0:
-		fmt.Fprintf(&b, "; the %s after it that are or may be in Redis have a task_id, so they will count as already enqueued, not twice", plural(withID, "line"))
+			y.first, &y.again, y.again.count)
+	case y.withID > 0:
+		fmt.Fprintf(&b, "; the %s after it that are or may be in Redis have a task_id, so they will count as already enqueued, not twice", plural(y.withID, "line"))
 	}
 	return errors.New(b.String())
 }
 
 // writeOutcomes writes the positions (lines or copies) of each outcome.
-func writeOutcomes(b *strings.Builder, what string, tasks []task, results []result) {
-	n := tally(results)
+func writeOutcomes(b *strings.Builder, what string, y *tally) {
 	rows := []struct {
 		label string
-		count int
-		match func(outcome) bool
+		kind  int
 		note  string
 	}{
-		{"in Redis", n[enqueued] + n[existed] + n[duplicate], outcome.inRedis, ""},
-		{"uncertain", n[uncertain], func(o outcome) bool { return o == uncertain }, ": sent, but the connection broke before Redis answered; each may be in Redis or not"},
-		{"not enqueued", n[refused] + n[notTried], func(o outcome) bool { return o == refused || o == notTried }, ""},
+		{"in Redis", kindInRedis, ""},
+		{"uncertain", kindUncertain, ": sent, but the connection broke before Redis answered; each may be in Redis or not"},
+		{"not enqueued", kindNotEnqueued, ""},
 	}
 	for _, row := range rows {
-		if row.count > 0 {
-			match := func(i int) bool { return row.match(results[i].outcome) }
-			fmt.Fprintf(b, "  %-13s %s %s (%d)%s\n", row.label+":", what, spans(tasks, match), row.count, row.note)
+		if rs := &y.kinds[row.kind]; rs.count > 0 {
+			fmt.Fprintf(b, "  %-13s %s %s (%d)%s\n", row.label+":", what, rs, rs.count, row.note)
 		}
 	}
 }
 
 // firstError is the first task's error, or "interrupted" if none failed.
-func firstError(results []result) error {
-	for _, r := range results {
-		if r.err != nil {
-			return r.err
-		}
+func firstError(y *tally) error {
+	if y.firstErr != nil {
+		return y.firstErr
 	}
 	return errors.New("interrupted")
 }
 
 // stopped says why a load stopped short: Redis failed, or Ctrl-C.
-func stopped(r config.Redis, results []result) string {
-	if slices.ContainsFunc(results, func(r result) bool { return r.err != nil }) {
+func stopped(r config.Redis, y *tally) string {
+	if y.firstErr != nil {
 		return redisAt(r) + " failed"
 	}
 	return "stopped"
 }
 
-// connectAndLoad connects to Redis and enqueues tasks, with progress on stderr if
-// asked, and returns every task's result and how long enqueueing took. It
-// fails only when Redis cannot be reached at all: nothing was enqueued.
-func connectAndLoad(cmd *cobra.Command, r config.Redis, tasks []task, progress bool) ([]result, time.Duration, error) {
+// connectAndLoad connects to Redis and enqueues the total tasks next
+// yields, with progress on stderr if asked, and returns the tally of their
+// results and how long enqueueing took; each gets every result, in order.
+// It fails with a nil tally when Redis cannot be reached at all: nothing
+// was enqueued. An error of next comes with the tally of what was loaded.
+func connectAndLoad(cmd *cobra.Command, r config.Redis, total int, next func() (task, bool, error), progress bool, each func(result)) (*tally, time.Duration, error) {
 	rdb := newEnqueueClient(r, loadPool)
 	defer rdb.Close()
 	rdb.AddHook(writeHook{})
@@ -377,22 +387,30 @@ func connectAndLoad(cmd *cobra.Command, r config.Redis, tasks []task, progress b
 	var done atomic.Int64
 	stop := func() {}
 	if progress {
-		stop = showProgress(cmd.ErrOrStderr(), len(tasks), &done)
+		stop = showProgress(cmd.ErrOrStderr(), total, &done)
 	}
 	start := time.Now()
-	results := load(cmd.Context(), client, tasks, &done)
+	y := newTally()
+	err = loadAll(cmd.Context(), client, next, &done, func(t task, res result) {
+		y.add(t, res)
+		each(res)
+	})
 	elapsed := time.Since(start)
 	stop()
-	return results, elapsed, nil
+	return y, elapsed, err
 }
 
 // warnUnconfigured warns about queues (with their task counts) that
-// config.yaml does not name: workers serve only the queues it names.
-func warnUnconfigured(w io.Writer, f config.File, queues map[string]int) {
+// config.yaml does not name: workers serve only the queues it names. more
+// counts tasks in further queues, not named.
+func warnUnconfigured(w io.Writer, f config.File, queues map[string]int, more int) {
 	for _, q := range slices.Sorted(maps.Keys(queues)) {
 		if _, ok := f.Jobs.Queues[q]; !ok {
 			fmt.Fprintf(w, "enqueue: warning: queue %q (%s) is not under queues in the config; no worker serves it until it is\n", q, plural(queues[q], "task"))
 		}
+	}
+	if more > 0 {
+		fmt.Fprintf(w, "enqueue: warning: %s in further queues that the config does not name\n", plural(more, "task"))
 	}
 }
 

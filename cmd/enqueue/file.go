@@ -3,11 +3,15 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"math"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -22,7 +26,16 @@ const (
 	maxLine = 16 << 20
 	// maxProblems is how many bad lines are shown; the rest are counted.
 	maxProblems = 20
+	// maxSpool is the most of stdin that --file - takes: stdin is read
+	// twice (checked, then loaded), so it is first copied to a temp file.
+	maxSpool = 1 << 30
+	// maxQueueNames is how many queues the config does not name are
+	// warned about by name; the rest are counted.
+	maxQueueNames = 20
 )
+
+// bom is the UTF-8 byte-order mark some editors put at the start of a file.
+var bom = []byte("\xEF\xBB\xBF")
 
 func openFile(path string) (*os.File, error) {
 	f, err := os.Open(path)
@@ -36,58 +49,235 @@ func openFile(path string) (*os.File, error) {
 	return f, nil
 }
 
-// readTasks reads and checks every task of r, JSON Lines named name,
-// after its first skip lines. Blank lines are skipped, and lines keep their
-// numbers in the input. If any line is bad, it returns no tasks and an
-// error that names the first maxProblems bad lines and counts the rest.
-func readTasks(r io.Reader, name string, skip int, d lineDefaults, now time.Time) ([]task, error) {
+// spool copies r, at most maxSpool bytes of it, to a temp file that is
+// already removed from its directory, and returns it at its start: stdin
+// cannot be read twice.
+func spool(r io.Reader) (*os.File, error) {
+	f, err := os.CreateTemp("", "enqueue-stdin-")
+	if err != nil {
+		return nil, fmt.Errorf("--file -: stdin is read twice, so it is copied to a temp file first: %w", err)
+	}
+	os.Remove(f.Name()) // gone when closed, whatever happens
+	n, err := io.Copy(f, io.LimitReader(r, maxSpool+1))
+	switch {
+	case err != nil:
+		f.Close()
+		return nil, fmt.Errorf("--file -: copying stdin to a temp file: %w", err)
+	case n > maxSpool:
+		f.Close()
+		return nil, fmt.Errorf("--file -: stdin holds more than %d GiB; write it to a file and give its path to --file", maxSpool>>30)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--file -: %w", err)
+	}
+	return f, nil
+}
+
+// lineReader yields the lines of JSON Lines input that hold a task, with
+// their numbers in the input: blank lines and the first skip lines are
+// passed over, and a byte-order mark before the first line is dropped.
+type lineReader struct {
+	sc   *bufio.Scanner
+	name string
+	skip int
+	line int    // the number of the last line read
+	data []byte // its content, valid until the next call of next
+}
+
+func newLineReader(r io.Reader, name string, skip int) *lineReader {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
-	var tasks []task
+	return &lineReader{sc: sc, name: name, skip: skip}
+}
+
+// next moves to the next line that holds a task; false at the end or on
+// an error (see err).
+func (lr *lineReader) next() bool {
+	for lr.sc.Scan() {
+		lr.line++
+		lr.data = lr.sc.Bytes()
+		if lr.line == 1 {
+			lr.data = bytes.TrimPrefix(lr.data, bom)
+		}
+		if lr.line > lr.skip && len(bytes.TrimSpace(lr.data)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// err is why next returned false; nil at the end of the input.
+func (lr *lineReader) err() error {
+	switch err := lr.sc.Err(); {
+	case errors.Is(err, bufio.ErrTooLong):
+		return fmt.Errorf("%s: line %d is longer than %d MiB; nothing was enqueued", lr.name, lr.line+1, maxLine>>20)
+	case err != nil:
+		return fmt.Errorf("reading %s: %w; nothing was enqueued", lr.name, err)
+	case lr.skip > lr.line:
+		return fmt.Errorf("--skip %d: %s has only %d lines", lr.skip, lr.name, lr.line)
+	}
+	return nil
+}
+
+// checked is what checking a file found: how many tasks it holds and in
+// which queues.
+type checked struct {
+	tasks    int
+	lastLine int            // the line of the last task
+	queues   map[string]int // tasks per queue, for the first queues seen
+	more     int            // tasks in queues past those
+}
+
+// checkTasks reads and checks every task of r, JSON Lines named name,
+// after its first skip lines, holding none of them: memory does not grow
+// with the input, except by 8 bytes for each line with a task_id (see
+// idSet). If any line is bad, the error names the first maxProblems bad
+// lines and counts the rest. known tells the queues the config names.
+func checkTasks(r io.Reader, name string, skip int, d lineDefaults, now time.Time, known func(queue string) bool) (checked, error) {
+	lr := newLineReader(r, name, skip)
+	c := checked{queues: map[string]int{}}
 	var problems []string
 	bad := 0
-	ids := map[[2]string]int{} // queue and task id -> line
-	line := 0
-	for sc.Scan() {
-		line++
-		data := sc.Bytes()
-		if line <= skip || len(bytes.TrimSpace(data)) == 0 {
-			continue
-		}
-		t, err := decodeLine(data, d, now)
-		if err == nil && t.taskID != "" {
-			key := [2]string{t.queue, t.taskID}
-			if first, dup := ids[key]; dup {
-				err = fmt.Errorf("task_id %q is also on line %d in queue %q: a task id is taken once per queue", t.taskID, first, t.queue)
-			} else {
-				ids[key] = line
-			}
-		}
+	var ids idSet
+	for lr.next() {
+		t, err := decodeLine(lr.data, d, now)
 		if err != nil {
 			bad++
 			if len(problems) < maxProblems {
-				problems = append(problems, fmt.Sprintf("line %d: %s", line, strings.ReplaceAll(err.Error(), "\n", "; ")))
+				problems = append(problems, fmt.Sprintf("line %d: %s", lr.line, strings.ReplaceAll(err.Error(), "\n", "; ")))
 			}
 			continue
 		}
-		t.line = line
-		tasks = append(tasks, t)
+		if t.taskID != "" {
+			ids.add(t.queue, t.taskID)
+		}
+		c.tasks++
+		c.lastLine = lr.line
+		if _, counted := c.queues[t.queue]; counted || known(t.queue) || len(c.queues) < maxQueueNames {
+			c.queues[t.queue]++
+		} else {
+			c.more++
+		}
 	}
-	switch err := sc.Err(); {
-	case errors.Is(err, bufio.ErrTooLong):
-		return nil, fmt.Errorf("%s: line %d is longer than %d MiB; nothing was enqueued", name, line+1, maxLine>>20)
-	case err != nil:
-		return nil, fmt.Errorf("reading %s: %w; nothing was enqueued", name, err)
-	case skip > line:
-		return nil, fmt.Errorf("--skip %d: %s has only %d lines", skip, name, line)
-	case bad > 0:
+	if err := lr.err(); err != nil {
+		return c, err
+	}
+	if ids.dups() {
+		// Rare: a second reading finds which lines they are.
+		dups, err := duplicateIDs(r, name, skip, d, now, &ids)
+		if err != nil {
+			return c, err
+		}
+		bad += len(dups)
+		problems = slices.SortedFunc(slices.Values(append(problems, dups...)), compareLines)
+		problems = problems[:min(len(problems), maxProblems)]
+	}
+	if bad > 0 {
 		msg := fmt.Sprintf("%s has %s; nothing was enqueued:\n  %s", name, plural(bad, "bad line"), strings.Join(problems, "\n  "))
 		if bad > len(problems) {
 			msg += fmt.Sprintf("\n  and %d more", bad-len(problems))
 		}
-		return nil, errors.New(msg)
+		return c, errors.New(msg)
 	}
-	return tasks, nil
+	return c, nil
+}
+
+// compareLines orders problems "line N: ..." by N.
+func compareLines(a, b string) int {
+	number := func(s string) int {
+		n, _ := strconv.Atoi(strings.TrimPrefix(s[:strings.IndexByte(s, ':')], "line "))
+		return n
+	}
+	return cmp.Compare(number(a), number(b))
+}
+
+// idSet holds a 64-bit fingerprint of each (queue, task id) of a file, in
+// 8 bytes each: a task id is taken once per queue, and a file that gives
+// one twice would see its second task counted as already enqueued.
+type idSet struct {
+	seed  maphash.Seed
+	sums  []uint64
+	dupOf map[uint64]bool // the fingerprints seen twice, after dups
+}
+
+func (s *idSet) add(queue, id string) {
+	if s.sums == nil {
+		s.seed = maphash.MakeSeed()
+	}
+	s.sums = append(s.sums, s.sum(queue, id))
+}
+
+func (s *idSet) sum(queue, id string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	h.WriteString(queue)
+	h.WriteByte(0) // queue names hold no NUL: "a"+"b\x00c" differs from "a\x00b"+"c"
+	h.WriteString(id)
+	return h.Sum64()
+}
+
+// dups reports whether a fingerprint was added twice, and keeps those.
+func (s *idSet) dups() bool {
+	slices.Sort(s.sums)
+	for i := 1; i < len(s.sums); i++ {
+		if s.sums[i] == s.sums[i-1] {
+			if s.dupOf == nil {
+				s.dupOf = map[uint64]bool{}
+			}
+			s.dupOf[s.sums[i]] = true
+		}
+	}
+	s.sums = nil
+	return len(s.dupOf) > 0
+}
+
+// duplicateIDs reads r again from its start and returns a problem for
+// each line whose task id an earlier line in the same queue has. Only
+// lines whose fingerprints came twice are looked at, so a fingerprint
+// shared by two different ids is no false alarm.
+func duplicateIDs(r io.Reader, name string, skip int, d lineDefaults, now time.Time, ids *idSet) ([]string, error) {
+	seeker, ok := r.(io.Seeker)
+	if !ok {
+		return nil, fmt.Errorf("reading %s again: it cannot be read twice", name)
+	}
+	if _, err := seeker.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("reading %s again: %w", name, err)
+	}
+	lr := newLineReader(r, name, skip)
+	first := map[[2]string]int{}
+	var problems []string
+	for lr.next() {
+		t, err := decodeLine(lr.data, d, now)
+		if err != nil || t.taskID == "" || !ids.dupOf[ids.sum(t.queue, t.taskID)] {
+			continue
+		}
+		key := [2]string{t.queue, t.taskID}
+		if line, dup := first[key]; dup {
+			problems = append(problems, fmt.Sprintf("line %d: task_id %q is also on line %d in queue %q: a task id is taken once per queue", lr.line, t.taskID, line, t.queue))
+		} else {
+			first[key] = lr.line
+		}
+	}
+	return problems, lr.err()
+}
+
+// fileTasks returns the tasks of r, checked already by checkTasks, one a
+// call; ok is false at the end. A line that no longer passes the check
+// (the file changed between the two readings) is an error.
+func fileTasks(r io.Reader, name string, skip int, d lineDefaults, now time.Time) func() (task, bool, error) {
+	lr := newLineReader(r, name, skip)
+	return func() (task, bool, error) {
+		if !lr.next() {
+			return task{}, false, lr.err()
+		}
+		t, err := decodeLine(lr.data, d, now)
+		if err != nil {
+			return task{}, false, fmt.Errorf("%s: line %d changed after it was checked: %w", name, lr.line, err)
+		}
+		t.line = lr.line
+		return t, true, nil
+	}
 }
 
 // showProgress shows done of total on w until the returned stop is called:

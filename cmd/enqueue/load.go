@@ -145,36 +145,149 @@ func (writeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// tally counts the results by outcome.
-func tally(results []result) map[outcome]int {
-	n := map[outcome]int{}
-	for _, r := range results {
-		n[r.outcome]++
+// The bounds of one batch of loadAll: tasks are read from their input a
+// batch at a time, so what a load holds does not grow with the input.
+const (
+	loadBatch      = 4096
+	loadBatchBytes = 8 << 20 // of payloads
+)
+
+// loadAll enqueues the tasks next yields, a batch at a time through load,
+// and gives each task and its result to each, in order. The next batch is
+// read while one loads, so the pool does not wait on the input. After a
+// batch in which a task did not land, or once ctx is done, it tries no
+// more: each gets the rest as not tried. An error from next ends it,
+// returned.
+func loadAll(ctx context.Context, client *asynq.Client, next func() (task, bool, error), done *atomic.Int64, each func(task, result)) error {
+	type batch struct {
+		tasks []task
+		end   bool
+		err   error
 	}
-	return n
+	read := func() (b batch) {
+		b.tasks = make([]task, 0, loadBatch)
+		for size := 0; len(b.tasks) < loadBatch && size < loadBatchBytes; {
+			t, ok, err := next()
+			if err != nil || !ok {
+				b.end, b.err = true, err
+				return b
+			}
+			b.tasks = append(b.tasks, t)
+			size += len(t.task.Payload())
+		}
+		return b
+	}
+	ahead := make(chan batch, 1)
+	go func() { ahead <- read() }()
+	halted := false
+	for {
+		b := <-ahead
+		if !b.end {
+			go func() { ahead <- read() }()
+		}
+		var results []result
+		if halted {
+			results = make([]result, len(b.tasks)) // all notTried
+		} else {
+			results = load(ctx, client, b.tasks, done)
+		}
+		for i, r := range results {
+			each(b.tasks[i], r)
+			halted = halted || !r.outcome.inRedis()
+		}
+		if b.end {
+			return b.err
+		}
+	}
 }
 
-// spans writes the positions of the tasks that match as ranges,
-// "1-500, 502, 504-600": tasks that follow each other in tasks are one
-// range, whatever lies between their lines (blank lines).
-func spans(tasks []task, match func(i int) bool) string {
+// tally is what became of the tasks of a load, told to add in their
+// order: counts, and for each kind of outcome the ranges of lines (or
+// copies) it holds. A load stops at its first failure, so outcomes change
+// only near it, and the ranges stay few however long the input.
+type tally struct {
+	n        map[outcome]int
+	tasks    int
+	firstErr error
+	// first is the line of the first task not surely in Redis; 0 while
+	// there is none. A resumed run starts there.
+	first int
+	kinds [3]ranges // in Redis, uncertain, not enqueued
+	// again holds the tasks from first on that are or may be in Redis and
+	// have no task id: resuming would enqueue them a second time.
+	again  ranges
+	withID int // those from first on that are or may be in Redis and have a task id
+}
+
+// Kinds of outcome, as the report groups them.
+const (
+	kindInRedis = iota
+	kindUncertain
+	kindNotEnqueued
+)
+
+func newTally() *tally { return &tally{n: map[outcome]int{}} }
+
+// add counts t's result r; t is the tally's next task.
+func (y *tally) add(t task, r result) {
+	i := y.tasks
+	y.tasks++
+	y.n[r.outcome]++
+	if y.firstErr == nil {
+		y.firstErr = r.err
+	}
+	kind := kindNotEnqueued
+	switch {
+	case r.outcome.inRedis():
+		kind = kindInRedis
+	case r.outcome == uncertain:
+		kind = kindUncertain
+	}
+	y.kinds[kind].add(i, t.line)
+	if y.first == 0 && kind != kindInRedis {
+		y.first = t.line
+	}
+	if y.first != 0 && kind != kindNotEnqueued {
+		if t.taskID == "" {
+			y.again.add(i, t.line)
+		} else {
+			y.withID++
+		}
+	}
+}
+
+// landed is how many tasks are surely in Redis (or one like each is).
+func (y *tally) landed() int { return y.n[enqueued] + y.n[existed] + y.n[duplicate] }
+
+// ranges are runs of tasks that follow each other in a load, written as
+// their lines: "1-500, 502, 504-600". Tasks next to each other in the load
+// are one run whatever lies between their lines (blank lines).
+type ranges struct {
+	runs  [][2]int // first and last line
+	count int
+	last  int // the position in the load of the last task added
+}
+
+func (rs *ranges) add(position, line int) {
+	if len(rs.runs) > 0 && position == rs.last+1 {
+		rs.runs[len(rs.runs)-1][1] = line
+	} else {
+		rs.runs = append(rs.runs, [2]int{line, line})
+	}
+	rs.last = position
+	rs.count++
+}
+
+func (rs *ranges) String() string {
 	var b strings.Builder
-	for i := 0; i < len(tasks); i++ {
-		if !match(i) {
-			continue
-		}
-		j := i
-		for j+1 < len(tasks) && match(j+1) {
-			j++
-		}
+	for _, run := range rs.runs {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(strconv.Itoa(tasks[i].line))
-		if j > i {
-			fmt.Fprintf(&b, "-%d", tasks[j].line)
+		b.WriteString(strconv.Itoa(run[0]))
+		if run[1] != run[0] {
+			fmt.Fprintf(&b, "-%d", run[1])
 		}
-		i = j
 	}
 	return b.String()
 }

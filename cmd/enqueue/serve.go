@@ -2,15 +2,21 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -18,14 +24,23 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"golang.org/x/net/netutil"
 
 	"github.com/sluicehq/sluice/internal/config"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/throttle/httplimit"
 )
 
-// maxBody bounds a request body: a task is a type, a payload and options.
-const maxBody = 1 << 20
+const (
+	// maxBody bounds a request body: a task is a type, a payload and
+	// options. http:request bodies larger than this belong elsewhere.
+	maxBody = 256 << 10
+	// bodyTimeout is how long the body may take to arrive, once the cheap
+	// checks (bans, API key) have passed.
+	bodyTimeout = 5 * time.Second
+	// apiKeyHeader holds a client's API key.
+	apiKeyHeader = "X-API-Key"
+)
 
 func newServeCommand(a *app) *cobra.Command {
 	var listen string
@@ -35,14 +50,19 @@ func newServeCommand(a *app) *cobra.Command {
 		Long: `Serve an HTTP intake for tasks until SIGINT or SIGTERM.
 
   POST /v1/tasks  {"type": "...", "payload": {...}, "queue": "...", "options": {...}}
-                  202 {"id": ..., "queue": ...}; 400 bad input; 409 task id taken;
-                  429 over a limit or banned (Retry-After); 503 Redis failed
+                  202 {"id": ..., "queue": ...}; 400 bad input; 401 missing or
+                  unknown API key (X-API-Key); 403 a type or queue the client
+                  may not use; 409 task id taken; 429 over a limit or banned
+                  (Retry-After); 503 Redis failed
   GET  /healthz   200 ok
-  GET  /metrics   Prometheus
 
-The body is what one line of --file holds. The limits of gateway.limits in
-the config are checked together, all or nothing, before a task is read into
-Redis; a client that keeps being refused is banned (gateway.ban).`,
+Prometheus /metrics is served apart, on gateway.metrics_addr (loopback by
+default). The body is what one line of --file holds, for a task type of
+gateway.types and a queue under queues. Bans are checked, then the API key
+(gateway.clients), then the body is read, then the limits of gateway.limits
+are checked together, all or nothing; a client that keeps being refused is
+banned (gateway.ban). An intake that listens beyond loopback needs
+gateway.clients, or gateway.allow_anonymous: true.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.serve(cmd, listen)
@@ -60,6 +80,10 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 	if listen == "" {
 		listen = f.Gateway.Listen
 	}
+	if len(f.Gateway.Clients) == 0 && !f.Gateway.AllowAnonymous && !isLoopback(listen) {
+		return badInput(fmt.Errorf("serve: gateway.listen %s is not a loopback address and gateway.clients names no API key: "+
+			"anyone who reaches it could enqueue; add gateway.clients, or set gateway.allow_anonymous: true to serve anonymous clients on purpose", listen))
+	}
 	limits, err := gatewayLimits(f.Gateway)
 	if err != nil {
 		return badInput(err)
@@ -76,40 +100,83 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 	}
 	client := asynq.NewClient(f.Redis.AsynqOpt())
 	defer client.Close()
-	intake := &intake{client: client, accepted: prometheus.NewCounterVec(prometheus.CounterOpts{
+	in := &intake{client: client, limiter: limiter, log: log, accepted: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_intake_requests_total",
 		Help: "Task requests the intake answered, by status code.",
 	}, []string{"code"})}
-	reg.MustRegister(intake.accepted)
+	in.rules.Store(newRules(f))
+	reg.MustRegister(in.accepted)
 
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/tasks", readTask(limiter.Middleware(intake)))
+	// The cheap checks first: a banned or unknown client costs no body read.
+	mux.Handle("POST /v1/tasks", limiter.Bans(in.authenticate(in.readTask(limiter.Limits(in)))))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
+	metricsLn, err := net.Listen("tcp", f.Gateway.MetricsAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("serve: gateway.metrics_addr: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       bodyTimeout + 5*time.Second, // the body's own deadline is set once the checks pass
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    32 << 10,
+	}
+	metricsSrv := &http.Server{Handler: metricsMux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 15 * time.Second}
 	ctx := cmd.Context()
+	go func() {
+		if err := metricsSrv.Serve(metricsLn); !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		srv.Shutdown(shutdown)
+		metricsSrv.Shutdown(shutdown)
 	}()
-	log.Info("intake serving", "addr", ln.Addr().String(), "limits", len(limits.Limits))
+	config.Watch(ctx, a.configPath, func(f config.File) {
+		in.rules.Store(newRules(f))
+		log.Info("config change in force: gateway.clients, gateway.types and the queues", "clients", len(f.Gateway.Clients))
+	}, func(err error) {
+		log.Error("config change refused; the last good clients stay in force", "err", err)
+	})
+	log.Info("intake serving", "addr", ln.Addr().String(), "metrics", metricsLn.Addr().String(),
+		"limits", len(limits.Limits), "clients", len(f.Gateway.Clients), "max_connections", f.Gateway.MaxConnections)
 	fmt.Fprintf(cmd.OutOrStdout(), "serving on http://%s\n", ln.Addr())
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(netutil.LimitListener(ln, f.Gateway.MaxConnections)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
 
+// isLoopback reports whether a listen address host:port reaches only this
+// machine: a loopback IP or localhost. An empty host listens everywhere.
+func isLoopback(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
 // gatewayLimits turns the config's gateway section into httplimit's.
 func gatewayLimits(g config.Gateway) (httplimit.Config, error) {
-	c := httplimit.Config{Ban: httplimit.Ban{After: g.Ban.After, Within: g.Ban.Within, For: g.Ban.For, Max: g.Ban.Max}}
+	c := httplimit.Config{Ban: httplimit.Ban{After: g.Ban.After, Within: g.Ban.Within, For: g.Ban.For, Max: g.Ban.Max}, ClientHeader: apiKeyHeader}
 	for _, cidr := range g.TrustedProxies {
 		p, err := netip.ParsePrefix(cidr)
 		if err != nil {
@@ -135,14 +202,18 @@ type readResult struct {
 	err  error
 }
 
-// readTask reads and checks the body before the limits see the request.
-func readTask(next http.Handler) http.Handler {
+// readTask reads and checks the body, with its own deadline, before the
+// limits see the request.
+func (in *intake) readTask(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Not every connection can take a deadline (HTTP/2 streams, tests);
+		// the server's ReadTimeout still holds there.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(bodyTimeout))
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		var res readResult
 		switch {
 		case err != nil:
-			res.err = fmt.Errorf("reading the body: %w (at most %d bytes)", err, maxBody)
+			res.err = fmt.Errorf("reading the body: %w (at most %d bytes, within %v)", err, maxBody, bodyTimeout)
 		default:
 			res.task, res.err = decodeLine(body, lineDefaults{queue: "default"}, time.Now())
 		}
@@ -164,7 +235,30 @@ func taskTypeOf(ctx context.Context) string {
 // intake enqueues the task of a request that passed the limits.
 type intake struct {
 	client   *asynq.Client
+	limiter  *httplimit.Limiter
+	log      *slog.Logger
+	rules    atomic.Pointer[rules] // swapped whole when the config changes
 	accepted *prometheus.CounterVec
+}
+
+// A request's known client, once authenticate let it in.
+type clientKey struct{}
+
+// authenticate lets in a request whose API key is a known client's, or
+// one without a key when anonymous clients are allowed; others are
+// answered 401, and the refusal counts toward a ban on their address.
+func (in *intake) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := in.rules.Load().client(r.Header.Get(apiKeyHeader))
+		if err != nil {
+			in.limiter.Refused(r)
+			w.Header().Set("WWW-Authenticate", `APIKey header="`+apiKeyHeader+`"`)
+			w.Header().Set("Connection", "close") // answer without reading the body first (see httplimit.Limiter.Bans)
+			in.answer(w, http.StatusUnauthorized, map[string]string{"error": err.Error()})
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), clientKey{}, c)))
+	})
 }
 
 func (in *intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -174,6 +268,11 @@ func (in *intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := res.task
+	c, _ := r.Context().Value(clientKey{}).(*client)
+	if code, err := in.rules.Load().admit(c, t); err != nil {
+		in.answer(w, code, map[string]string{"error": err.Error()})
+		return
+	}
 	info, err := in.client.EnqueueContext(r.Context(), t.task, t.opts...)
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
@@ -183,7 +282,7 @@ func (in *intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		w.Header().Set("Retry-After", "1")
 		in.answer(w, http.StatusServiceUnavailable, map[string]string{"error": "could not enqueue: Redis failed; try again"})
-		fmt.Fprintln(os.Stderr, "serve: enqueue:", err)
+		in.log.Error("enqueue failed", "err", err)
 	default:
 		in.answer(w, http.StatusAccepted, map[string]string{"id": info.ID, "queue": info.Queue})
 	}
@@ -194,4 +293,89 @@ func (in *intake) answer(w http.ResponseWriter, code int, body map[string]string
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	json.NewEncoder(w).Encode(body)
+}
+
+// rules are what the intake lets in, from the config: its known clients,
+// the task types it takes, the queues workers serve.
+type rules struct {
+	clients   []*client
+	anonymous *client // nil: every request needs a known API key
+	types     []string
+	queues    []string
+}
+
+// client is one API key the intake knows and what it may do.
+type client struct {
+	name   string
+	sum    [32]byte // the SHA-256 of its key
+	types  []string
+	queues []string
+}
+
+func newRules(f config.File) *rules {
+	queues := slices.Sorted(maps.Keys(f.Jobs.Queues))
+	g := f.Gateway
+	r := &rules{types: g.Types, queues: queues}
+	for _, c := range g.Clients {
+		k := &client{name: c.Name, types: c.Types, queues: c.Queues}
+		if len(k.queues) == 0 {
+			k.queues = queues
+		}
+		hex.Decode(k.sum[:], []byte(c.KeySHA256)) // 64 hex digits: the config checked them
+		r.clients = append(r.clients, k)
+	}
+	if len(g.Clients) == 0 || g.AllowAnonymous {
+		r.anonymous = &client{name: httplimit.Anonymous, types: g.Types, queues: queues}
+	}
+	return r
+}
+
+// client returns the client whose key apiKey is, or the anonymous client
+// for no key when anonymous clients may come in; with no clients
+// configured, every request is anonymous, whatever its key. The key's hash is
+// compared with every client's in constant time, so how long the answer
+// takes says nothing about how close a guess came.
+func (r *rules) client(apiKey string) (*client, error) {
+	if len(r.clients) == 0 {
+		// No keys to check: a key only names a client for the limits.
+		return r.anonymous, nil
+	}
+	if apiKey == "" {
+		if r.anonymous == nil {
+			return nil, errors.New("an API key is required: send it in the " + apiKeyHeader + " header")
+		}
+		return r.anonymous, nil
+	}
+	if len(apiKey) > 1024 {
+		return nil, errors.New("unknown API key")
+	}
+	sum := sha256.Sum256([]byte(apiKey))
+	var found *client
+	for _, c := range r.clients {
+		if subtle.ConstantTimeCompare(sum[:], c.sum[:]) == 1 {
+			found = c
+		}
+	}
+	if found == nil {
+		return nil, errors.New("unknown API key")
+	}
+	return found, nil
+}
+
+// admit says whether c, the client authenticate let in, may enqueue t: 400 for what this intake takes from
+// no one, 403 for what c may not do; each names the field.
+func (r *rules) admit(c *client, t task) (int, error) {
+	switch {
+	case !slices.Contains(r.types, t.task.Type()):
+		return http.StatusBadRequest, fmt.Errorf("type: %q is not a type this intake takes (gateway.types: %s)", t.task.Type(), strings.Join(r.types, ", "))
+	case !slices.Contains(r.queues, t.queue):
+		return http.StatusBadRequest, fmt.Errorf("queue: %q is not under queues in the config, so no worker serves it (queues: %s)", t.queue, strings.Join(r.queues, ", "))
+	case t.group != "":
+		return http.StatusBadRequest, errors.New("options.group: workers run no group aggregator, so a grouped task would never run; leave it out")
+	case !slices.Contains(c.types, t.task.Type()):
+		return http.StatusForbidden, fmt.Errorf("type: client %q may not enqueue %q (its types: %s)", c.name, t.task.Type(), strings.Join(c.types, ", "))
+	case !slices.Contains(c.queues, t.queue):
+		return http.StatusForbidden, fmt.Errorf("queue: client %q may not enqueue to %q (its queues: %s)", c.name, t.queue, strings.Join(c.queues, ", "))
+	}
+	return 0, nil
 }

@@ -69,6 +69,7 @@ func (v optionValues) over(line optionValues) optionValues {
 type taskOptions struct {
 	opts   []asynq.Option
 	taskID string // "" unless set
+	group  string // "" unless set
 }
 
 // check checks v at now and returns its asynq options, or one error per
@@ -158,6 +159,7 @@ func (v optionValues) check(spell func(key string) string, now time.Time) (taskO
 	}
 	if g, ok := name("group", v.Group); ok {
 		o.opts = append(o.opts, asynq.Group(g))
+		o.group = g
 	}
 	return o, errs
 }
@@ -167,6 +169,7 @@ type task struct {
 	line   int // its line in --file, or its copy number with --count
 	queue  string
 	taskID string // "" unless set
+	group  string // "" unless set
 	task   *asynq.Task
 	opts   []asynq.Option // the queue's included
 }
@@ -193,7 +196,7 @@ func newTask(typ string, payload []byte, queue string, o taskOptions) (task, err
 		payload = b.Bytes()
 	}
 	opts := append(slices.Clip(o.opts), asynq.Queue(queue))
-	return task{queue: queue, taskID: o.taskID, task: asynq.NewTask(typ, payload), opts: opts}, nil
+	return task{queue: queue, taskID: o.taskID, group: o.group, task: asynq.NewTask(typ, payload), opts: opts}, nil
 }
 
 func knownTypes() string {

@@ -3,6 +3,7 @@
 // quotas, concurrency) and runs its handler, until SIGINT or SIGTERM.
 //
 //	worker --config config.yaml [--embedded-redis] [--demo N]
+//	worker --hash-password < password.txt     prints a bcrypt hash for worker.ui.password_hash
 //
 // Exit codes: 0 after a graceful stop, 1 when it cannot run, 2 when the
 // config has problems (one line per problem, naming its key).
@@ -13,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,7 +24,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/hibiken/asynqmon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -39,7 +40,20 @@ func run() int {
 	path := flag.String("config", "config.yaml", "the config file")
 	embedded := flag.Bool("embedded-redis", false, "serve an in-process, non-durable Redis on redis.addr (a try-out, not a store)")
 	demo := flag.Int("demo", 0, "enqueue this many demo:noop tasks into each queue and show their progress")
+	hash := flag.Bool("hash-password", false, "read a password from stdin, print its bcrypt hash for worker.ui.password_hash, and exit")
 	flag.Parse()
+	if *hash {
+		input, err := io.ReadAll(io.LimitReader(os.Stdin, 1<<10))
+		if err == nil {
+			var h string
+			if h, err = hashPassword(string(input)); err == nil {
+				fmt.Println(h)
+				return 0
+			}
+		}
+		fmt.Fprintf(os.Stderr, "worker: --hash-password: %v\n", err)
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))
 
 	file, err := config.Load(*path)
@@ -82,12 +96,17 @@ func run() int {
 
 	mux := asynq.NewServeMux()
 	mux.Use(sched.Middleware)
-	jobs.Register(mux, file.Jobs.HTTP.Allow, nil)
+	allow, err := jobs.ParseAllowList(file.Jobs.HTTP.Allow)
+	if err != nil { // config.Load checked it
+		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
+		return 2
+	}
+	jobs.Register(mux, allow)
 	cfg := sched.AsynqConfig()
 	cfg.ShutdownTimeout = 10 * time.Second
 	srv := asynq.NewServer(redisOpt, cfg)
 
-	web, err := serveMetrics(sched.Config().Worker.MetricsAddr, reg, redisOpt, log)
+	web, err := serveMetrics(sched.Config().Worker, reg, redisOpt, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "worker: metrics server: %v\n", err)
 		return 1
@@ -120,15 +139,15 @@ func run() int {
 }
 
 // serveMetrics serves Prometheus metrics on /metrics and asynqmon's web UI
-// on /ui/ at addr.
-func serveMetrics(addr string, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, log *slog.Logger) (*http.Server, error) {
-	ln, err := net.Listen("tcp", addr)
+// on /ui/ (see webUI) at w.MetricsAddr.
+func serveMetrics(w jobs.WorkerConfig, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", w.MetricsAddr)
 	if err != nil {
 		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/ui/", asynqmon.New(asynqmon.Options{RootPath: "/ui", RedisConnOpt: redisOpt}))
+	mux.Handle("/ui/", webUI(w.UI, redisOpt))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {

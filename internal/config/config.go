@@ -61,6 +61,7 @@ package config
 
 import (
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -73,6 +74,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/throttle"
@@ -102,6 +104,30 @@ type Gateway struct {
 	TrustedProxies []string // CIDRs whose X-Forwarded-For is believed
 	Limits         []GatewayLimit
 	Ban            Ban
+	// Types are the task types the intake accepts. Default: every built-in
+	// type except http:request, which makes a worker call a URL.
+	Types []string
+	// Clients are the API keys the intake knows. With any, a request needs
+	// one of them (unless AllowAnonymous).
+	Clients []GatewayClient
+	// AllowAnonymous lets requests without an API key in, with Types and
+	// every configured queue. Without it, an intake that listens beyond
+	// loopback must have Clients, or it does not start.
+	AllowAnonymous bool
+	// MetricsAddr serves the intake's Prometheus /metrics, apart from the
+	// public listener; default 127.0.0.1:2113.
+	MetricsAddr string
+	// MaxConnections caps the connections the intake holds open at once;
+	// default 256.
+	MaxConnections int
+}
+
+// GatewayClient is one API key the intake accepts and what it may do.
+type GatewayClient struct {
+	Name      string   // unique; names the client in logs
+	KeySHA256 string   // the SHA-256 of the key, 64 hex digits; never the key
+	Types     []string // task types it may enqueue, of gateway.types; default gateway.types
+	Queues    []string // queues it may enqueue to, of queues; default every configured queue
 }
 
 // GatewayLimit is one rate limit on the HTTP intake.
@@ -171,7 +197,25 @@ func (f File) Defaults() File {
 // Validate returns one error per problem in f (after Defaults), each naming
 // its key as config.yaml spells it, in the order of the file's sections.
 func (f File) Validate() []error {
-	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), f.Gateway.Validate())
+	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), validateUI(f.Jobs.Worker.UI), f.Gateway.Validate(), f.Gateway.validateQueues(f.Jobs.Queues))
+}
+
+// validateUI checks worker.ui: writes only behind a login, and a password
+// hash that bcrypt can read. Neither the hash nor a password is echoed.
+func validateUI(ui jobs.WebUIConfig) []error {
+	var p problems
+	if ui.Writes && (ui.User == "" || ui.PasswordHash == "") {
+		p.add("worker.ui.writes", "true needs worker.ui.user and worker.ui.password_hash: the UI can delete queues, so it must not without a login")
+	}
+	if ui.PasswordHash != "" {
+		if _, err := bcrypt.Cost([]byte(ui.PasswordHash)); err != nil {
+			p.add("worker.ui.password_hash", "must be a bcrypt hash like $2a$10$... (worker --hash-password makes one from a password on stdin), got %d characters that are not one", len(ui.PasswordHash))
+		}
+		if ui.User == "" {
+			p.add("worker.ui.user", "must be set with worker.ui.password_hash: it is the login's user name")
+		}
+	}
+	return p
 }
 
 // Validate returns one error per problem in r, each naming its key.
@@ -249,6 +293,27 @@ func (g Gateway) Defaults() Gateway {
 	if g.Ban.Max == 0 {
 		g.Ban.Max = g.Ban.For
 	}
+	if len(g.Types) == 0 {
+		g.Types = nil
+		for _, t := range jobs.Types() {
+			if t.Name != jobs.TypeHTTPRequest {
+				g.Types = append(g.Types, t.Name)
+			}
+		}
+	}
+	g.Clients = slices.Clone(g.Clients)
+	for i, c := range g.Clients {
+		g.Clients[i].KeySHA256 = strings.ToLower(c.KeySHA256)
+		if len(c.Types) == 0 {
+			g.Clients[i].Types = g.Types
+		}
+	}
+	if g.MetricsAddr == "" {
+		g.MetricsAddr = "127.0.0.1:2113"
+	}
+	if g.MaxConnections == 0 {
+		g.MaxConnections = 256
+	}
 	return g
 }
 
@@ -262,16 +327,10 @@ func (g Gateway) Validate() []error {
 			p.add(fmt.Sprintf("gateway.trusted_proxies[%d]", i), "must be a CIDR like 10.0.0.0/8 or 192.0.2.7/32, got %q", cidr)
 		}
 	}
-	named := map[string]int{}
+	limitNames := uniqueNames{list: "gateway.limits", use: "metrics"}
 	for i, l := range g.Limits {
 		key := fmt.Sprintf("gateway.limits[%d]", i)
-		if j, dup := named[l.Name]; dup {
-			p.add(key+".name", "%q is already the name of gateway.limits[%d]; names must be unique", l.Name, j)
-		} else if l.Name == "" {
-			p.add(key+".name", "must be set: it names the limit in metrics")
-		} else {
-			named[l.Name] = i
-		}
+		limitNames.check(&p, i, l.Name)
 		switch l.Key {
 		case "global", "client", "ip", "type":
 		default:
@@ -279,6 +338,36 @@ func (g Gateway) Validate() []error {
 		}
 		spec := throttle.Spec{Algorithm: throttle.Algorithm(l.Algorithm), Limit: l.Limit, Period: l.Period, Burst: l.Burst, Windows: l.Windows}
 		p = append(p, validateLimit(key, spec, l.OnRedisError)...)
+	}
+	p.check("gateway.metrics_addr", hostPort(g.MetricsAddr))
+	if g.MetricsAddr == g.Listen {
+		p.add("gateway.metrics_addr", "must differ from gateway.listen (%s): metrics are not for the public listener", g.Listen)
+	}
+	if g.MaxConnections < 1 || g.MaxConnections > 100_000 {
+		p.add("gateway.max_connections", "must be between 1 and 100000, got %d", g.MaxConnections)
+	}
+	for i, typ := range g.Types {
+		if _, ok := jobs.LookupType(typ); !ok {
+			p.add(fmt.Sprintf("gateway.types[%d]", i), "%q is not a task type the intake knows; known: %s", typ, typeNames())
+		}
+	}
+	clientNames, keys := uniqueNames{list: "gateway.clients", use: "logs"}, map[string]int{}
+	for i, c := range g.Clients {
+		key := fmt.Sprintf("gateway.clients[%d]", i)
+		clientNames.check(&p, i, c.Name)
+		if _, err := hex.DecodeString(c.KeySHA256); err != nil || len(c.KeySHA256) != 64 {
+			// The value is a hash, but it is not echoed: it may be a key pasted by mistake.
+			p.add(key+".key_sha256", "must be the SHA-256 of the key as 64 hex digits (printf %%s KEY | sha256sum), got %d characters", len(c.KeySHA256))
+		} else if j, dup := keys[c.KeySHA256]; dup {
+			p.add(key+".key_sha256", "is the same as gateway.clients[%d]'s; each client needs its own key", j)
+		} else {
+			keys[c.KeySHA256] = i
+		}
+		for j, typ := range c.Types {
+			if !slices.Contains(g.Types, typ) {
+				p.add(fmt.Sprintf("%s.types[%d]", key, j), "%q is not in gateway.types (%s); the intake accepts no other", typ, strings.Join(g.Types, ", "))
+			}
+		}
 	}
 	b := g.Ban
 	if b.After < 0 {
@@ -296,6 +385,51 @@ func (g Gateway) Validate() []error {
 		}
 	}
 	return p
+}
+
+// uniqueNames checks the names of the items of a list: each set, and
+// none taken by an earlier item.
+type uniqueNames struct {
+	list string // the list's key: gateway.limits
+	use  string // what the name is for: "metrics"
+	seen map[string]int
+}
+
+func (u *uniqueNames) check(p *problems, i int, name string) {
+	key := fmt.Sprintf("%s[%d].name", u.list, i)
+	if j, dup := u.seen[name]; dup {
+		p.add(key, "%q is already the name of %s[%d]; names must be unique", name, u.list, j)
+		return
+	}
+	if name == "" {
+		p.add(key, "must be set: it names the item in %s", u.use)
+		return
+	}
+	if u.seen == nil {
+		u.seen = map[string]int{}
+	}
+	u.seen[name] = i
+}
+
+// validateQueues checks that the clients' queues are configured queues.
+func (g Gateway) validateQueues(queues map[string]jobs.QueueConfig) []error {
+	var p problems
+	for i, c := range g.Clients {
+		for j, q := range c.Queues {
+			if _, ok := queues[q]; !ok {
+				p.add(fmt.Sprintf("gateway.clients[%d].queues[%d]", i, j), "%q is not under queues; the intake takes only configured queues", q)
+			}
+		}
+	}
+	return p
+}
+
+func typeNames() string {
+	var names []string
+	for _, t := range jobs.Types() {
+		names = append(names, t.Name)
+	}
+	return strings.Join(names, ", ")
 }
 
 // validateLimit checks a limit the way jobs.Config.Validate checks its own.

@@ -36,6 +36,12 @@ gateway:
     - {name: per-client, key: client, algorithm: sliding_log,     limit: 60,   period: 1m}
     - {name: per-ip,     key: ip,     algorithm: sliding_counter, limit: 300,  period: 1m}
   ban: {after: 20, within: 1m, for: 5m, max: 24h}
+  types: [demo:noop, demo:sleep]
+  clients:
+    - {name: billing, key_sha256: 9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08, types: [demo:noop], queues: [emails]}
+  allow_anonymous: false
+  metrics_addr: 127.0.0.1:2113
+  max_connections: 256
 `
 
 // write puts content in a config file in a fresh directory.
@@ -74,7 +80,12 @@ func TestLoadContract(t *testing.T) {
 				{Name: "per-client", Key: "client", Algorithm: "sliding_log", Limit: 60, Period: time.Minute, OnRedisError: "deny"},
 				{Name: "per-ip", Key: "ip", Algorithm: "sliding_counter", Limit: 300, Period: time.Minute, OnRedisError: "deny"},
 			},
-			Ban: Ban{After: 20, Within: time.Minute, For: 5 * time.Minute, Max: 24 * time.Hour},
+			Ban:   Ban{After: 20, Within: time.Minute, For: 5 * time.Minute, Max: 24 * time.Hour},
+			Types: []string{"demo:noop", "demo:sleep"},
+			Clients: []GatewayClient{{Name: "billing", KeySHA256: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+				Types: []string{"demo:noop"}, Queues: []string{"emails"}}},
+			MetricsAddr:    "127.0.0.1:2113",
+			MaxConnections: 256,
 		},
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -166,8 +177,18 @@ func TestLoadProblems(t *testing.T) {
 	}{
 		{desc: "unknown key", yaml: addr + "queues: {emails: {drain: {limit: 1, period: 1s, drian: 2}}}",
 			want: []string{"queues.emails.drain.drian: unknown key"}},
+		// 9.10: an unknown key must not make the rest of its entry look unset.
+		{desc: "unknown key beside good values", yaml: addr + "quotas: {api: {algorithm: token_bucket, limit: 50, period: 1s, bogus: 1}}",
+			want: []string{"quotas.api.bogus: unknown key"}},
+		{desc: "unknown key beside a bad value", yaml: addr + "queues: {q: {priority: -1, bogus: 1, drain: {limit: 0, period: 1s, nope: 2}}}",
+			want: []string{
+				"queues.q.bogus: unknown key",
+				"queues.q.drain.nope: unknown key",
+				"queues.q.priority: must be >= 1, got -1",
+				"queues.q.drain.limit: must be > 0, got 0",
+			}},
 		{desc: "unknown worker key", yaml: addr + "worker:\n  concurency: 20",
-			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max"}},
+			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, ui"}},
 		{desc: "unknown section", yaml: addr + "queue: {emails: {priority: 2}}",
 			want: []string{"queue: unknown key; known keys here are redis, worker, queues, quotas, tasks, http, gateway"}},
 		{desc: "unknown key in a list item", yaml: addr + "gateway: {limits: [{name: a, key: ip, limit: 1, period: 1s, burts: 2}]}",
@@ -211,7 +232,7 @@ func TestLoadProblems(t *testing.T) {
 				`http.allow: must be a list, like [a, b], got a mapping`,
 				`queues: must be a mapping of names, got a list`,
 				`redis.tls: must be true or false, got "maybe"`,
-				`worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, got "3"`,
+				`worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, ui, got "3"`,
 			}},
 		{desc: "key set twice", yaml: addr + "worker: {concurrency: 1, concurrency: 2}",
 			want: []string{`not valid YAML: line 2: mapping key "concurrency" already defined at line 2`}},
@@ -237,6 +258,32 @@ func TestLoadProblems(t *testing.T) {
 				`gateway.limits[2].algorithm:`,
 				`gateway.ban.within: must be > 0`,
 				`gateway.ban.max: must be >= gateway.ban.for (5m0s), got 1m0s`,
+			}},
+		{desc: "gateway clients and types", yaml: addr + `queues: {q: {}}
+gateway:
+  metrics_addr: 127.0.0.1:8080
+  max_connections: 0
+  types: [demo:noop, http:get]
+  clients:
+    - {name: a, key_sha256: secret-pasted-by-mistake, types: [demo:sleep], queues: [q, nope]}
+    - {name: a, key_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
+    - {key_sha256: 9F86D081884C7D659A2FEAA0C55AD015A3BF4F1B2B0B822CD15D6C15B0F00A08}`,
+			want: []string{
+				`gateway.metrics_addr: must differ from gateway.listen (127.0.0.1:8080)`,
+				`gateway.types[1]: "http:get" is not a task type the intake knows; known: demo:noop, demo:sleep, http:request`,
+				`gateway.clients[0].key_sha256: must be the SHA-256 of the key as 64 hex digits (printf %s KEY | sha256sum), got 24 characters`,
+				`gateway.clients[0].types[0]: "demo:sleep" is not in gateway.types (demo:noop, http:get)`,
+				`gateway.clients[1].name: "a" is already the name of gateway.clients[0]`,
+				`gateway.clients[2].name: must be set: it names the item in logs`,
+				`gateway.clients[2].key_sha256: is the same as gateway.clients[1]'s`,
+				`gateway.clients[0].queues[1]: "nope" is not under queues`,
+			}},
+		{desc: "web UI writes without a login", yaml: addr + "worker: {ui: {writes: true}}",
+			want: []string{"worker.ui.writes: true needs worker.ui.user and worker.ui.password_hash"}},
+		{desc: "web UI password that is not a bcrypt hash", yaml: addr + "worker: {ui: {password_hash: hunter2}}",
+			want: []string{
+				"worker.ui.password_hash: must be a bcrypt hash like $2a$10$... (worker --hash-password makes one from a password on stdin), got 7 characters",
+				"worker.ui.user: must be set with worker.ui.password_hash",
 			}},
 		{desc: "several at once", yaml: `
 worker: {concurency: 2, hold_max: 2}

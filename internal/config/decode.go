@@ -38,13 +38,12 @@ func load(path string, data []byte) (File, error) {
 	var f File
 	r.bind(v, "", reflect.ValueOf(&f).Elem())
 	r.checkEnv()
-	r.addDecodeErrors(v.Unmarshal(&f, func(c *mapstructure.DecoderConfig) {
-		c.TagName = "config" // for File.Jobs's squash
-		c.MatchName = func(key, field string) bool { return key == snakeCase(field) }
-		c.DecodeHook = convert
-		c.WeaklyTypedInput = false // convert does the conversions that are wanted
-		c.ErrorUnused = true
-	}))
+	// Two passes: mapstructure drops a whole map entry (a queue, a quota)
+	// when any of its keys fails, an unknown key included, which would show
+	// its good values as unset. The first pass, with unknown keys as
+	// errors, only reports; the second decodes everything but them.
+	r.addDecodeErrors(v.Unmarshal(&File{}, decoderConfig(true)))
+	_ = v.Unmarshal(&f, decoderConfig(false)) // its errors are the first pass's, less the unknown keys
 	f = f.Defaults()
 	for _, err := range f.Validate() {
 		key, _, _ := strings.Cut(err.Error(), ": ")
@@ -56,6 +55,18 @@ func load(path string, data []byte) (File, error) {
 		return File{}, &Problems{Path: path, Errs: r.errs}
 	}
 	return f, nil
+}
+
+// decoderConfig is how mapstructure decodes a File; errorUnused makes
+// unknown keys errors.
+func decoderConfig(errorUnused bool) viper.DecoderConfigOption {
+	return func(c *mapstructure.DecoderConfig) {
+		c.TagName = "config" // for File.Jobs's squash
+		c.MatchName = func(key, field string) bool { return key == snakeCase(field) }
+		c.DecodeHook = convert
+		c.WeaklyTypedInput = false // convert does the conversions that are wanted
+		c.ErrorUnused = errorUnused
+	}
 }
 
 // reader collects the problems of one load. Keys are spelled as in

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -101,5 +102,57 @@ func TestBanIdentity(t *testing.T) {
 				f.mustDo(t, request{peer: "192.0.2.8:1"}, http.StatusOK, 0)
 			}
 		})
+	}
+}
+
+// TestRefusedCountsTowardBans (9.12): refusals the service makes itself
+// (a bad API key) count toward a ban on the address, as refusals by an ip
+// limit do; Bans then answers the banned address before the handler runs,
+// so a banned client costs no body read, and Limits alone reserves the
+// limits without asking about bans again.
+func TestRefusedCountsTowardBans(t *testing.T) {
+	f := newFixture(t, redistest.Client(t), Config{
+		Limits: []Limit{{Name: "overall", Key: KeyGlobal, Spec: spec(throttle.SlidingLog, 100, time.Hour)}},
+		Ban:    Ban{After: 3, Within: time.Minute, For: time.Minute},
+	})
+	var reached int
+	h := f.lim.Bans(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached++
+		if _, ok := ClientFrom(r.Context()); !ok {
+			t.Error("the handler behind Bans sees no Client")
+		}
+		if d := f.lim.Refused(r); reached < 3 && d != 0 || reached == 3 && d != time.Minute {
+			t.Errorf("refusal %d: ban of %v, want one of 1m at the third only", reached, d)
+		}
+		w.WriteHeader(http.StatusUnauthorized)
+	}))
+	do := func(peer string) int {
+		req := httptest.NewRequest(http.MethodPost, "/", nil)
+		req.RemoteAddr = peer
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code
+	}
+	for i := range 3 {
+		if code := do("192.0.2.9:1"); code != http.StatusUnauthorized {
+			t.Fatalf("request %d: %d, want 401 from the handler", i+1, code)
+		}
+	}
+	if code := do("192.0.2.9:2"); code != http.StatusTooManyRequests || reached != 3 {
+		t.Fatalf("after 3 refusals: %d with the handler reached %d times, want 429 before the handler", code, reached)
+	}
+	if code := do("192.0.2.10:1"); code != http.StatusUnauthorized {
+		t.Fatalf("another address: %d, want 401 from the handler", code)
+	}
+	if got := f.metric(f.lim.metrics.bans.WithLabelValues("ip")); got != 1 {
+		t.Errorf("sluice_http_bans_total{key=ip} = %d, want 1", got)
+	}
+	limits := f.lim.Limits(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	req := httptest.NewRequest(http.MethodPost, "/", nil)
+	req.RemoteAddr = "192.0.2.9:3"
+	w := httptest.NewRecorder()
+	limits.ServeHTTP(w, req)
+	if w.Code != http.StatusOK || f.remaining(t, "overall", "global") != 99 {
+		t.Errorf("Limits alone: %d with %d left of overall, want 200 and the request counted (99 left)", w.Code, f.remaining(t, "overall", "global"))
 	}
 }

@@ -74,6 +74,11 @@
 // every request is never banned by key; the ip limits and their bans
 // still hold it.
 //
+// Middleware is Bans in front of Limits. A service that checks API keys
+// itself puts that check between the two, and reads the request body only
+// after it, so a banned or unknown client costs no body read; Refused
+// counts such a refusal (401) toward a ban on the client's address.
+//
 // Bans live in Redis, so the whole fleet agrees on them, and are built
 // from throttle limiters keyed by the banned identity (see banner).
 // Checking them costs one Redis call per identity of each request (the

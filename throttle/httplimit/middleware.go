@@ -12,13 +12,46 @@ import (
 	"github.com/sluicehq/sluice/throttle"
 )
 
-// Middleware returns next behind the limits: a request reaches next only if
-// no ban holds on it and every limit admits it. Its Client is in the
-// context next sees (ClientFrom). See the package doc for the answers.
+// Middleware returns next behind the bans and the limits: a request
+// reaches next only if no ban holds on it and every limit admits it. Its
+// Client is in the context next sees (ClientFrom). See the package doc for
+// the answers. It is shorthand for Bans(Limits(next)).
 func (l *Limiter) Middleware(next http.Handler) http.Handler {
+	return l.Bans(l.Limits(next))
+}
+
+// Bans returns next behind the bans alone: a banned request is answered
+// 429 without reaching next, and costs one Redis call per identity. Its
+// Client is in the context next sees. A service puts its cheap checks (an
+// API key) between Bans and Limits, and reads the request body only after
+// them, so that a banned or unknown client costs no body read.
+func (l *Limiter) Bans(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := l.Client(r)
 		r = r.WithContext(context.WithValue(r.Context(), clientContextKey{}, c))
+		if a, banned := l.banned(r.Context(), l.identities(c)); banned {
+			// Closing the connection spares the server reading a body it
+			// does not want (net/http reads up to 256 KiB of an unread body
+			// before it answers on a connection it keeps).
+			w.Header().Set("Connection", "close")
+			a.setRateLimit(w.Header())
+			a.refuse(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Limits returns next behind the limits alone: a request reaches next only
+// if every limit admits it. Refusals count toward bans, but bans are not
+// checked: put Bans in front (or use Middleware).
+func (l *Limiter) Limits(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, ok := ClientFrom(r.Context())
+		if !ok {
+			c = l.Client(r)
+			r = r.WithContext(context.WithValue(r.Context(), clientContextKey{}, c))
+		}
 		a := l.decide(r, c)
 		a.setRateLimit(w.Header())
 		if a.status == 0 {
@@ -27,6 +60,23 @@ func (l *Limiter) Middleware(next http.Handler) http.Handler {
 		}
 		a.refuse(w)
 	})
+}
+
+// Refused counts a refusal that the service made itself, such as a
+// missing or unknown API key, toward a ban on r's client address, the way
+// a refusal by an ip limit counts: the address, because a key that fails
+// is the client's own choice and a new one costs nothing. It returns the
+// length of the ban this refusal began, 0 if none (always 0 without
+// Config.Ban). The answer to r is the caller's to write.
+func (l *Limiter) Refused(r *http.Request) time.Duration {
+	if l.ban == nil {
+		return 0
+	}
+	c, ok := ClientFrom(r.Context())
+	if !ok {
+		c = l.Client(r)
+	}
+	return l.countRefusal(r.Context(), KeyIP, l.identities(c)[KeyIP])
 }
 
 // The problem types of draft-ietf-httpapi-ratelimit-headers.
@@ -65,20 +115,21 @@ type counted struct {
 	res    throttle.Reservation
 }
 
-// decide checks the bans on r and then its limits, counting it on all of
-// them or on none.
-func (l *Limiter) decide(r *http.Request, c Client) answer {
-	ctx := r.Context()
-	ipKey := l.ipKey(c.IP)
-	// The identities a ban can be on, by the kind of limit whose refusals
-	// ban them (see the package doc).
-	ids := map[KeyKind]string{KeyIP: "ip:" + ipKey}
+// identities are the identities of c a ban can be on, by the kind of
+// limit whose refusals ban them (see the package doc).
+func (l *Limiter) identities(c Client) map[KeyKind]string {
+	ids := map[KeyKind]string{KeyIP: "ip:" + l.ipKey(c.IP)}
 	if c.ID != Anonymous {
 		ids[KeyClient] = c.ID
 	}
-	if a, banned := l.banned(ctx, ids); banned {
-		return a
-	}
+	return ids
+}
+
+// decide checks r's limits, counting it on all of them or on none.
+func (l *Limiter) decide(r *http.Request, c Client) answer {
+	ctx := r.Context()
+	ipKey := l.ipKey(c.IP)
+	ids := l.identities(c)
 	var held []counted
 	for _, lim := range l.limits {
 		key := l.key(lim, r, c, ipKey)
@@ -94,7 +145,7 @@ func (l *Limiter) decide(r *http.Request, c Client) answer {
 			l.giveBack(ctx, held)
 			a := answer{status: http.StatusTooManyRequests, problem: problemQuota, retry: res.Delay, policy: lim.Name, limit: lim}
 			if id, ok := ids[lim.Key]; ok && l.ban != nil {
-				a.retry = max(a.retry, l.refused(ctx, lim.Key, id))
+				a.retry = max(a.retry, l.countRefusal(ctx, lim.Key, id))
 			}
 			a.window = a.retry
 			return a
@@ -180,9 +231,9 @@ func (l *Limiter) banned(ctx context.Context, ids map[KeyKind]string) (answer, b
 	return answer{status: http.StatusTooManyRequests, problem: problemAbuse, retry: longest, policy: "ban", window: longest}, true
 }
 
-// refused counts a refusal toward a ban on id, of kind kind, and returns
-// the length of the ban it caused; 0 for none.
-func (l *Limiter) refused(ctx context.Context, kind KeyKind, id string) time.Duration {
+// countRefusal counts a refusal toward a ban on id, of kind kind, and
+// returns the length of the ban it caused; 0 for none.
+func (l *Limiter) countRefusal(ctx context.Context, kind KeyKind, id string) time.Duration {
 	d, err := l.ban.refused(context.WithoutCancel(ctx), id)
 	if err != nil {
 		l.redisError("ban", err)
