@@ -36,11 +36,11 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue string, t *asyn
 	if len(gates) == 0 {
 		return booking{}, nil
 	}
-	now := s.clock.Now()
 	held := readTurns(t.Headers())
-	if b, ok := s.heldBooking(gates, held, now); ok {
+	if b, ok := s.heldBooking(ctx, gates, held); ok {
 		return b, nil
 	}
+	now := s.clock.Now()
 	cost := gs.cost(t.Type())
 	claims := make([]throttle.Claim, len(gates))
 	for i, g := range gates {
@@ -88,7 +88,11 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue string, t *asyn
 		s.metrics.decisions.WithLabelValues(gates[refused].name, "deferred").Inc()
 		return booking{askAt: now.Add(max(bk.Delay-gs.cfg.Worker.ReserveMax, 0) + time.Second)}, nil
 	}
-	b := booking{ready: s.local(bk.At)}
+	// The wait is the script's own, from when its answer came: no clock but
+	// Redis's is involved (the answer's way back makes it a little late,
+	// never early).
+	b := booking{ready: s.clock.Now().Add(bk.Delay)}
+	s.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay)
 	for i, g := range gates {
 		result := "now"
 		if bk.Delay > 0 {
@@ -103,10 +107,18 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue string, t *asyn
 
 // heldBooking is the booking of a task that holds a turn on every one of
 // its gates, at one instant that has not passed by more than lateTolerance.
-func (s *Scheduler) heldBooking(gates []*gate, held map[string]heldTurn, now time.Time) (booking, bool) {
+func (s *Scheduler) heldBooking(ctx context.Context, gates []*gate, held map[string]heldTurn) (booking, bool) {
 	if len(held) != len(gates) {
 		return booking{}, false
 	}
+	// A turn held is an instant on Redis's clock: wait until we know how
+	// ours differs.
+	select {
+	case <-s.clockKnown:
+	case <-ctx.Done():
+		return booking{}, false
+	}
+	now := s.clock.Now()
 	var b booking
 	for _, g := range gates {
 		h, ok := held[g.tag]

@@ -163,18 +163,30 @@ func (s *Scheduler) blockedUntil(gs *gateSet, typ string) time.Time {
 	return until
 }
 
-// measureClock measures how far Redis's clock is from ours: turns are
-// instants on Redis's clock. With an injected clock the gates read it too,
-// so there is nothing to measure.
+// measureClock measures how far Redis's clock is from ours: a task that
+// comes back from Redis for its turn knows only the turn's instant on
+// Redis's clock. Of a few TIME calls it keeps the one with the shortest
+// round trip, whose midpoint is surest (the first call on a new
+// connection can take tens of ms, and half of that would be the error).
+// With an injected clock the gates read it too: nothing to measure.
 func (s *Scheduler) measureClock(ctx context.Context) {
+	defer s.clockMeasured.Do(func() { close(s.clockKnown) })
 	if s.injected {
 		return
 	}
-	before := time.Now()
-	redisNow, err := s.rdb.Time(ctx).Result()
-	if err != nil {
-		return
+	best := time.Duration(-1)
+	for range clockSamples {
+		before := time.Now()
+		redisNow, err := s.rdb.Time(ctx).Result()
+		if err != nil {
+			return
+		}
+		if rtt := time.Since(before); best < 0 || rtt < best {
+			best = rtt
+			s.offset.Store(int64(redisNow.Sub(before.Add(rtt / 2))))
+		}
 	}
-	rtt := time.Since(before)
-	s.offset.Store(int64(redisNow.Sub(before.Add(rtt / 2))))
 }
+
+// clockSamples is how many TIME calls measureClock makes.
+const clockSamples = 3

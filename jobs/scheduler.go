@@ -60,13 +60,17 @@ type Scheduler struct {
 	clock     Clock
 	injected  bool // the clock was injected: the gates read it too
 
-	gates   atomic.Pointer[gateSet]
-	offset  atomic.Int64 // Redis's clock minus ours, ns
-	workers atomic.Int64 // live workers in the fleet, last seen
-	holding sync.Map     // queue -> *atomic.Int64: tasks waiting in this worker
-	blocked sync.Map     // quota -> time.Time (our clock): an upstream said not before then
-	done    rateCounter  // completions not yet added to the fleet's rate buckets
-	logGate throttle.Limiter
+	gates  atomic.Pointer[gateSet]
+	offset atomic.Int64 // Redis's clock minus ours, ns
+	// clockKnown is closed once offset was first measured (or could not
+	// be): turns held from before are not used until then.
+	clockKnown    chan struct{}
+	clockMeasured sync.Once
+	workers       atomic.Int64 // live workers in the fleet, last seen
+	holding       sync.Map     // queue -> *atomic.Int64: tasks waiting in this worker
+	blocked       sync.Map     // quota -> time.Time (our clock): an upstream said not before then
+	done          rateCounter  // completions not yet added to the fleet's rate buckets
+	logGate       throttle.Limiter
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -74,16 +78,20 @@ type Scheduler struct {
 func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg Config, m *Metrics, log *slog.Logger, opts ...Option) (*Scheduler, error) {
 	host, _ := os.Hostname()
 	s := &Scheduler{
-		rdb:       rdb,
-		client:    asynq.NewClient(asynqRedis),
-		inspector: asynq.NewInspector(asynqRedis),
-		metrics:   m,
-		log:       log,
-		worker:    host + ":" + strconv.Itoa(os.Getpid()),
-		clock:     systemClock{},
+		rdb:        rdb,
+		client:     asynq.NewClient(asynqRedis),
+		inspector:  asynq.NewInspector(asynqRedis),
+		metrics:    m,
+		log:        log,
+		worker:     host + ":" + strconv.Itoa(os.Getpid()),
+		clock:      systemClock{},
+		clockKnown: make(chan struct{}),
 	}
 	for _, opt := range opts {
 		opt(s)
+	}
+	if s.injected {
+		s.measureClock(context.Background()) // nothing to measure: mark it known
 	}
 	s.workers.Store(1)
 	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})

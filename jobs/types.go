@@ -169,10 +169,13 @@ func newHTTPRequestHandler(allow AllowList) *httpRequestHandler {
 	transport := &http.Transport{
 		// No proxy, whatever HTTP_PROXY says: a proxy would dial for us,
 		// out of reach of the check on the address dialled.
-		Proxy:                 nil,
-		DialContext:           dialer.DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          100,
+		Proxy:             nil,
+		DialContext:       dialer.DialContext,
+		ForceAttemptHTTP2: true,
+		MaxIdleConns:      100,
+		// A worker calls few APIs, each often: keep connections to each
+		// (net/http keeps 2), so a call is not made late by a new one.
+		MaxIdleConnsPerHost:   32,
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,

@@ -218,13 +218,15 @@ tasks:
 `, queue, quota, quotaSpec, quota))
 	r.enqueue(t, queue, "r", tasks)
 	arrivals := r.finish(t, tasks, 40*time.Second, queue)
-	got, most := rate(arrivals), testkit.MaxInWindow(arrivals, time.Second)
+	// A second less the arrival tolerance: a call that reached the upstream
+	// late (a new connection) is not an event over the drain.
+	got, most := rate(arrivals), testkit.MaxInWindow(arrivals, time.Second-within)
 	t.Logf("%d requests at %.3f/s, at most %d in a second; %s", len(arrivals), got, most, r.costs(t, tasks))
 	if got < 24.5 || got > 25.5 {
 		t.Errorf("drained at %.3f/s, want 25/s within 2%%", got)
 	}
 	if most > 26 {
-		t.Errorf("%d requests within one second, want at most 26: %s", most, densest(arrivals, time.Second))
+		t.Errorf("%d requests within one second (less %v), want at most 26: %s", most, within, densest(arrivals, time.Second-within))
 	}
 }
 
