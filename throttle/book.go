@@ -212,6 +212,7 @@ type booker struct {
 	parts     []*part
 	notBefore int64
 	maxWait   int64
+	started   time.Time
 }
 
 // maxRounds bounds the rounds in which slots that disagree move their
@@ -219,8 +220,9 @@ type booker struct {
 const maxRounds = 8
 
 func (b *booker) book(ctx context.Context) (Booking, error) {
+	b.started = time.Now()
 	groups := groupsOf(b.parts)
-	if err := b.each(ctx, groups, func(g *group) *step {
+	first := func(g *group) *step {
 		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait}
 		for _, p := range g.parts {
 			if p.replaces != "" {
@@ -232,20 +234,30 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 			}
 		}
 		return s
-	}); err != nil {
+	}
+	var err error
+	if b.maxWait == 0 && len(groups) > 1 {
+		// Now or never: slot by slot, in the order of the claims (callers
+		// put the limit likeliest to refuse first), so that a refusal holds
+		// nothing in the slots after it to refuse others.
+		err = b.inTurn(ctx, groups, first)
+	} else {
+		err = b.each(ctx, groups, first)
+	}
+	if err != nil {
 		return Booking{}, err
 	}
 	at, agreed := b.settle(groups)
 	for round := 0; !agreed && round < maxRounds; round++ {
 		var refused bool
 		for _, g := range groups {
-			refused = refused || (!g.held && !g.out.OK)
+			refused = refused || (len(g.parts) > 0 && !g.held)
 		}
-		if refused && at-groups[0].out.Now > b.maxWait {
+		if refused && (b.maxWait == 0 || at-groups[0].out.Now > b.maxWait) {
 			break
 		}
 		err := b.each(ctx, groups, func(g *group) *step {
-			if g.held && g.at == at {
+			if g.held && b.together(g.at, at) {
 				return nil
 			}
 			s := &step{op: algorithms.OpBook, notBefore: at, maxWait: b.maxWait, exact: true}
@@ -266,8 +278,16 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 	return b.success(groups, at), nil
 }
 
-// settle notes each group's outcome and returns the latest instant any
-// offered, and whether every group holds a turn there.
+// together reports whether a group's turn at at counts as the booking's
+// turn at latest. Slots on different servers each book "now" by their own
+// clock, a moment apart: turns apart by no more than the protocol has taken
+// so far are the same turn (on one server they are equal).
+func (b *booker) together(at, latest int64) bool {
+	return latest-at <= (time.Since(b.started) + time.Millisecond).Microseconds()
+}
+
+// settle returns the latest instant any group offered, and whether every
+// group holds a turn there.
 func (b *booker) settle(groups []*group) (at int64, agreed bool) {
 	agreed = true
 	for _, g := range groups {
@@ -276,9 +296,24 @@ func (b *booker) settle(groups []*group) (at int64, agreed bool) {
 		}
 	}
 	for _, g := range groups {
-		agreed = agreed && (len(g.parts) == 0 || g.held && g.at == at)
+		agreed = agreed && (len(g.parts) == 0 || g.held && b.together(g.at, at))
 	}
 	return at, agreed
+}
+
+// inTurn runs the step stepOf gives each group, one group after another,
+// until one refuses.
+func (b *booker) inTurn(ctx context.Context, groups []*group, stepOf func(*group) *step) error {
+	for _, g := range groups {
+		if err := b.each(ctx, []*group{g}, stepOf); err != nil {
+			b.cancel(ctx, groups)
+			return err
+		}
+		if len(g.parts) > 0 && !g.held {
+			return nil
+		}
+	}
+	return nil
 }
 
 // each runs the step stepOf gives each group (nil: none), all groups at
@@ -377,6 +412,10 @@ func (b *booker) refusal(groups []*group, at int64) Booking {
 	bk := Booking{At: time.UnixMicro(at), Delay: micros(max(0, at-now)), Turns: make([]Reservation, len(b.parts))}
 	for _, g := range groups {
 		for i, p := range g.parts {
+			if len(g.out.Claims) == 0 { // not asked: an earlier slot refused
+				bk.Turns[p.claim] = Reservation{N: int(p.n), Fallback: p.fallback}
+				continue
+			}
 			c := g.out.Claims[i]
 			bk.Turns[p.claim] = Reservation{
 				Delay: micros(max(0, c.RetryAfter)), N: int(p.n),

@@ -20,23 +20,16 @@
 //
 // # All or nothing
 //
-// A request refused by one limit uses up nothing in the others. The limits
-// of a request live under different keys, in different Redis Cluster slots,
-// so no one script can decide them together. The middleware reserves one
-// event on each (throttle.Reserver.ReserveN with maxWait 0: counted now or
-// not at all), the limits most likely to refuse first (client, ip, type,
-// then global), and when one refuses it cancels those it has counted.
-//
-// Between a reservation and its cancel (the round trips to the limits
-// after it) a concurrent request sees that limit one event fuller than it
-// will end up, and may be refused where it would have passed: the error is
-// a refusal, never an excess. Windowed algorithms (fixed_window,
-// sliding_log, sliding_counter) then give the event back exactly. A bucket
-// (token_bucket, leaky_bucket) gives back only its latest reservation: if
-// another request was counted on the same bucket in between, the refund is
-// lost and the bucket stays one event short until it refills, at most one
-// event per such race. A cancel that fails (Redis lost meanwhile) also
-// leaves its event counted.
+// A request refused by one limit uses up nothing in the others: the
+// middleware books one event on all of a request's limits at once, now or
+// never (throttle.Book with maxWait 0). On a single Redis server that is
+// one script run, one round trip, for all the limits. On Redis Cluster the
+// limits live in different slots: each slot's limits are counted in one
+// script run, all slots at once; if one refuses, the others give theirs
+// back exactly (any algorithm). Between the two, a concurrent request sees
+// those limits one event fuller than they end up, and may be refused where
+// it would have passed: the error is a refusal, never an excess. A give-back
+// that fails (Redis lost meanwhile) leaves its event counted.
 //
 // # Answers
 //
@@ -103,7 +96,7 @@
 // sluice_http_, labelled by limit name (from the Config) and result, never
 // by client:
 //
-//	sluice_http_decisions_total{limit, result}         result: allowed, refused, cancelled (counted, then given back); limit "ban": refused by a ban
+//	sluice_http_decisions_total{limit, result}         result: allowed, refused; limit "ban": refused by a ban
 //	sluice_http_bans_total{key}                        bans given, key: ip or client
 //	sluice_http_policy_fallbacks_total{limit, policy}  requests decided by a failure policy: deny, allow or local
 //	sluice_http_redis_errors_total{limit}              failed Redis calls; limit "ban" for the bans
@@ -142,11 +135,12 @@ const (
 	KeyType KeyKind = "type"
 )
 
-// The failure policies of Limit.OnRedisError.
+// The failure policies of Limit.OnRedisError: package throttle's (see
+// throttle.WithOnRedisError).
 const (
-	OnRedisErrorDeny  = "deny"  // answer 503: the request is refused
-	OnRedisErrorAllow = "allow" // let the request through, uncounted by this limit
-	OnRedisErrorLocal = "local" // count the request in an in-process twin of the limit
+	OnRedisErrorDeny  = throttle.OnRedisErrorDeny  // answer 503: the request is refused
+	OnRedisErrorAllow = throttle.OnRedisErrorAllow // let the request through, uncounted by this limit
+	OnRedisErrorLocal = throttle.OnRedisErrorLocal // count the request in an in-process twin of the limit
 )
 
 // Limit is one rate limit every request must pass.
@@ -160,9 +154,9 @@ type Limit struct {
 	// because Redis failed: OnRedisErrorDeny (the default),
 	// OnRedisErrorAllow or OnRedisErrorLocal.
 	OnRedisError string
-	// LocalDivisor divides the Spec's Limit and Burst (rounding down, to at
-	// least 1) for the local policy's in-process twin, e.g. by the number of
-	// processes that share the limit. 0 or 1: the full limit, which a lone
+	// LocalDivisor divides the Spec for the local policy's in-process twin
+	// (throttle.Divide), e.g. by the number of processes that share the
+	// limit. 0 or 1: the full limit, which a lone
 	// process would enforce, and a fleet of n processes n times over.
 	LocalDivisor int
 }
@@ -246,13 +240,13 @@ type Limiter struct {
 	logGates throttle.Limiter // keyed by limit name: at most one log line per 10s
 }
 
-// limit is a Limit with its limiters.
+// limit is a Limit with its limiter (which applies the Limit's failure
+// policy itself).
 type limit struct {
 	Limit
-	remote throttle.Reserver
-	local  throttle.Reserver // the local policy's twin; nil for the others
-	quota  int               // q: Limit, or Burst for the buckets
-	window time.Duration     // w: Period, or the time a bucket takes to refill from empty
+	lim    throttle.Limiter
+	quota  int           // q: Limit, or Burst for the buckets
+	window time.Duration // w: Period, or the time a bucket takes to refill from empty
 }
 
 // New returns a Limiter that keeps its limits and bans in rdb (Redis or
@@ -299,8 +293,8 @@ func New(rdb redis.UniversalClient, cfg Config, opts ...Option) (*Limiter, error
 		}
 		l.limits = append(l.limits, lim)
 	}
-	// The limits most likely to refuse go first, so that few requests are
-	// counted by one limit only to be given back when another refuses.
+	// When several refuse, the one that refuses longest names the refusal;
+	// among equals, the one closest to the client.
 	rank := map[KeyKind]int{KeyClient: 0, KeyIP: 1, KeyType: 2, KeyGlobal: 3}
 	slices.SortStableFunc(l.limits, func(a, b *limit) int { return rank[a.Key] - rank[b.Key] })
 
@@ -331,36 +325,24 @@ func newLimit(rdb redis.UniversalClient, cl Limit, where, prefix string, opts []
 	if cl.LocalDivisor < 0 {
 		return nil, fmt.Errorf("%s: LocalDivisor must be >= 0, got %d", where, cl.LocalDivisor)
 	}
+	divisor := max(1, cl.LocalDivisor)
 	// The algorithm is part of the prefix: a limit whose algorithm changes
 	// must not read the state the old one left.
-	remote, err := throttle.New(rdb, cl.Spec, append(opts, throttle.WithPrefix(prefix+"limit:"+cl.Name+":"+string(cl.Spec.Algorithm)+":"))...)
+	opts = append(opts, throttle.WithPrefix(prefix+"limit:"+cl.Name+":"+string(cl.Spec.Algorithm)+":"),
+		throttle.WithOnRedisError(cl.OnRedisError, func() int { return divisor }))
+	lim, err := throttle.New(rdb, cl.Spec, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", where, err)
 	}
-	lim := &limit{Limit: cl, quota: cl.Spec.Limit, window: cl.Spec.Period}
-	lim.remote, _ = throttle.AsReserver(remote)
+	l := &limit{Limit: cl, lim: lim, quota: cl.Spec.Limit, window: cl.Spec.Period}
 	if cl.Spec.Algorithm == throttle.TokenBucket || cl.Spec.Algorithm == throttle.LeakyBucket {
-		lim.quota = cmp.Or(cl.Spec.Burst, cl.Spec.Limit)
-		// In µs, Burst × Period stays below 2^53 (throttle checks it); rounded
+		l.quota = cmp.Or(cl.Spec.Burst, cl.Spec.Limit)
+		// In µs, Burst × Period stays below 2^50 (throttle checks it); rounded
 		// up so that w never promises more than the bucket gives.
-		us := (cl.Spec.Period.Microseconds()*int64(lim.quota) + int64(cl.Spec.Limit) - 1) / int64(cl.Spec.Limit)
-		lim.window = time.Duration(us) * time.Microsecond
+		us := (cl.Spec.Period.Microseconds()*int64(l.quota) + int64(cl.Spec.Limit) - 1) / int64(cl.Spec.Limit)
+		l.window = time.Duration(us) * time.Microsecond
 	}
-	if cl.OnRedisError == OnRedisErrorLocal {
-		spec := cl.Spec
-		if d := cl.LocalDivisor; d > 1 {
-			spec.Limit = max(1, spec.Limit/d)
-			if spec.Burst > 0 {
-				spec.Burst = max(1, spec.Burst/d)
-			}
-		}
-		local, err := throttle.NewLocal(spec, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("%s: the local twin: %w", where, err)
-		}
-		lim.local, _ = throttle.AsReserver(local)
-	}
-	return lim, nil
+	return l, nil
 }
 
 // validName reports whether name can stand in a Structured Field string,

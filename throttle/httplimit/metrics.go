@@ -19,7 +19,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_http_decisions_total",
-			Help: "Decisions of each limit on requests, by result: allowed, refused, cancelled (counted, then given back because another limit refused); limit \"ban\": refused by a ban.",
+			Help: "Decisions of each limit on requests, by result: allowed, refused; limit \"ban\": refused by a ban.",
 		}, []string{"limit", "result"}),
 		bans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_http_bans_total",

@@ -103,18 +103,6 @@ type answer struct {
 	window  time.Duration // t
 }
 
-// errRedisDeny refuses a request that a limit could not count, under the
-// deny policy.
-var errRedisDeny = errors.New("httplimit: redis failed and the limit's policy is deny")
-
-// counted is one limit's reservation of a request.
-type counted struct {
-	limit  *limit
-	engine throttle.Reserver // Redis, or the local twin
-	key    string
-	res    throttle.Reservation
-}
-
 // identities are the identities of c a ban can be on, by the kind of
 // limit whose refusals ban them (see the package doc).
 func (l *Limiter) identities(c Client) map[KeyKind]string {
@@ -125,42 +113,69 @@ func (l *Limiter) identities(c Client) map[KeyKind]string {
 	return ids
 }
 
-// decide checks r's limits, counting it on all of them or on none.
+// decide checks r's limits, counting it on all of them or on none: one
+// throttle.Book (one round trip on a single Redis; see the package doc for
+// Redis Cluster).
 func (l *Limiter) decide(r *http.Request, c Client) answer {
+	if len(l.limits) == 0 {
+		return answer{}
+	}
 	ctx := r.Context()
 	ipKey := l.ipKey(c.IP)
-	ids := l.identities(c)
-	var held []counted
-	for _, lim := range l.limits {
-		key := l.key(lim, r, c, ipKey)
-		res, engine, err := l.reserve(ctx, lim, key)
-		switch {
-		case err != nil:
-			l.giveBack(ctx, held)
-			return answer{status: http.StatusServiceUnavailable, problem: problemCapacity, retry: time.Second, policy: lim.Name}
-		case engine == nil: // the allow policy: not counted
-			continue
-		case !res.OK:
-			l.metrics.decisions.WithLabelValues(lim.Name, "refused").Inc()
-			l.giveBack(ctx, held)
-			a := answer{status: http.StatusTooManyRequests, problem: problemQuota, retry: res.Delay, policy: lim.Name, limit: lim}
-			if id, ok := ids[lim.Key]; ok && l.ban != nil {
-				a.retry = max(a.retry, l.countRefusal(ctx, lim.Key, id))
+	claims := make([]throttle.Claim, len(l.limits))
+	for i, lim := range l.limits {
+		claims[i] = throttle.Claim{Limiter: lim.lim, Key: l.key(lim, r, c, ipKey), N: 1}
+	}
+	b, err := throttle.Book(ctx, claims, time.Time{}, 0)
+	if err != nil {
+		for _, lim := range l.limits {
+			if lim.OnRedisError == OnRedisErrorDeny {
+				l.redisError(lim.Name, err)
+				l.metrics.fallbacks.WithLabelValues(lim.Name, OnRedisErrorDeny).Inc()
 			}
-			a.window = a.retry
-			return a
 		}
-		held = append(held, counted{lim, engine, key, res})
+		return answer{status: http.StatusServiceUnavailable, problem: problemCapacity, retry: time.Second}
+	}
+	for i, turn := range b.Turns {
+		if turn.Fallback != "" {
+			l.redisError(l.limits[i].Name, errRedisFallback)
+			l.metrics.fallbacks.WithLabelValues(l.limits[i].Name, turn.Fallback).Inc()
+		}
+	}
+	if !b.OK {
+		// The limit that refuses the longest names the refusal.
+		refused := 0
+		for i, turn := range b.Turns {
+			if turn.Delay > b.Turns[refused].Delay {
+				refused = i
+			}
+		}
+		lim := l.limits[refused]
+		l.metrics.decisions.WithLabelValues(lim.Name, "refused").Inc()
+		a := answer{status: http.StatusTooManyRequests, problem: problemQuota, retry: b.Delay, policy: lim.Name, limit: lim}
+		if id, ok := l.identities(c)[lim.Key]; ok && l.ban != nil {
+			a.retry = max(a.retry, l.countRefusal(ctx, lim.Key, id))
+		}
+		a.window = a.retry
+		return a
 	}
 	var a answer
-	for _, h := range held {
-		l.metrics.decisions.WithLabelValues(h.limit.Name, "allowed").Inc()
-		if a.limit == nil || h.res.Remaining < a.left {
-			a = answer{policy: h.limit.Name, limit: h.limit, left: h.res.Remaining, window: h.limit.window}
+	for i, turn := range b.Turns {
+		lim := l.limits[i]
+		l.metrics.decisions.WithLabelValues(lim.Name, "allowed").Inc()
+		if turn.Fallback == OnRedisErrorAllow {
+			continue // counted nowhere: it says nothing of what is left
+		}
+		if a.limit == nil || turn.Remaining < a.left {
+			a = answer{policy: lim.Name, limit: lim, left: turn.Remaining, window: lim.window}
 		}
 	}
 	return a
 }
+
+// errRedisFallback is what is logged when a limit's policy decided a
+// request: throttle says which policy, not the Redis error itself.
+var errRedisFallback = errors.New("redis failed; the limit's failure policy decided")
 
 func (l *Limiter) key(lim *limit, r *http.Request, c Client, ipKey string) string {
 	switch lim.Key {
@@ -172,43 +187,6 @@ func (l *Limiter) key(lim *limit, r *http.Request, c Client, ipKey string) strin
 		return l.keyFunc(r)
 	}
 	return "global"
-}
-
-// reserve counts one request on lim, or on its failure policy's behalf
-// when Redis fails. engine is the limiter that counted it, nil if the
-// allow policy let it through uncounted; an error means the request must
-// be refused (the deny policy, or a request that is gone).
-func (l *Limiter) reserve(ctx context.Context, lim *limit, key string) (res throttle.Reservation, engine throttle.Reserver, err error) {
-	res, err = lim.remote.ReserveN(ctx, key, 1, 0)
-	if err == nil {
-		return res, lim.remote, nil
-	}
-	if ctx.Err() != nil {
-		return res, nil, err
-	}
-	l.redisError(lim.Name, err)
-	l.metrics.fallbacks.WithLabelValues(lim.Name, lim.OnRedisError).Inc()
-	switch lim.OnRedisError {
-	case OnRedisErrorAllow:
-		return throttle.Reservation{}, nil, nil
-	case OnRedisErrorLocal:
-		res, err = lim.local.ReserveN(ctx, key, 1, 0)
-		return res, lim.local, err
-	}
-	return res, nil, errRedisDeny
-}
-
-// giveBack cancels the reservations of a request that another limit
-// refused. It does so even if the request is gone, or its events would
-// stay counted.
-func (l *Limiter) giveBack(ctx context.Context, held []counted) {
-	ctx = context.WithoutCancel(ctx)
-	for _, h := range held {
-		l.metrics.decisions.WithLabelValues(h.limit.Name, "cancelled").Inc()
-		if err := h.engine.Cancel(ctx, h.key, h.res); err != nil {
-			l.redisError(h.limit.Name, err)
-		}
-	}
 }
 
 // banned checks the bans on ids and returns the answer to a banned request.
