@@ -118,8 +118,9 @@ func Book(claims []Claim, now, notBefore, maxWait int64, exact bool) Booking {
 		b.Claims[i].RetryAfter = own - now
 		at = max(at, own)
 	}
-	settled := false
-	for pass := 0; pass < maxPasses && at-now <= maxWait; pass++ {
+	// One claim's own earliest turn is the turn.
+	settled := len(claims) == 1 && at-now <= maxWait
+	for pass := 0; !settled && pass < maxPasses && at-now <= maxWait; pass++ {
 		next := at
 		for _, c := range claims {
 			if next = c.State.Earliest(c.Params, next, c.N); next-now > maxWait {

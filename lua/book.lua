@@ -92,9 +92,10 @@ for _, c in ipairs(claims) do
   if c.from - now <= max_wait then c.own = c.g.earliest(c.from) end
   if c.own > at then at = c.own end
 end
-local settled = false
+-- One claim's own earliest turn is the turn.
+local settled = #claims == 1 and at - now <= max_wait
 local pass = 0
-while pass < MAX_PASSES and at - now <= max_wait do
+while not settled and pass < MAX_PASSES and at - now <= max_wait do
   local next_ = at
   for _, c in ipairs(claims) do
     next_ = c.g.earliest(next_)

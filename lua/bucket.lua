@@ -109,6 +109,10 @@ local function new_bucket(key, spans_key, p)
   local function pos(t) return (t - ref) * per_micro end
 
   local function busy_in(from, to)
+    if count == 0 then return 0 end
+    if count == 1 then
+      return math.max(0, math.min(inline[2], to) - math.max(inline[1], from))
+    end
     local get, busy, i = spans(from), 0, 1
     while get(i) and get(i)[1] < to do
       local s = get(i)
@@ -176,6 +180,12 @@ local function new_bucket(key, spans_key, p)
   function self.earliest(at)
     local a = pos(at)
     local free = window - busy_in(a, a + window)
+    if count <= 1 then
+      -- One span [s, e): the classic bucket. Where n do not fit, they fit
+      -- once the window from x holds the span's end and n events more.
+      if free >= need_n then return at end
+      return ref + math.max(a, ceildiv(inline[2] - window + need_n, per_micro) * per_micro) / per_micro
+    end
     local left, right = spans(a), spans(a + window)
     local li, ri = 1, 1
     while true do

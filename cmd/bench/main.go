@@ -46,6 +46,7 @@ var sections = []section{
 	{"throttle", runThrottle},
 	{"worker", runWorker},
 	{"enqueue", runEnqueue},
+	{"intake", runIntake},
 }
 
 // bench is what every section gets: the server, the settings, and a run id
