@@ -46,11 +46,17 @@ end
 
 local reply = {0, now, now}
 
+-- append adds one claim's answer to the reply.
+local function append(r, remaining, retry_after, reset_after, pieces)
+  local k = #r
+  r[k + 1], r[k + 2], r[k + 3], r[k + 4] = remaining, retry_after, reset_after, pieces
+end
+
 if op == 'peek' then
   for _, c in ipairs(claims) do
     local room, blocked_for = 0, 0
     if c.g.blocked > now then blocked_for = c.g.blocked - now else room = c.g.room(now) end
-    for _, v in ipairs({room, blocked_for, 0, ''}) do reply[#reply + 1] = v end
+    append(reply, room, blocked_for, 0, '')
     save(c) -- what trimming changed
   end
   return reply
@@ -62,7 +68,7 @@ if op == 'block' then
   for _, c in ipairs(claims) do
     if until_ > c.g.blocked then c.g.block(until_) end
     save(c)
-    for _, v in ipairs({0, 0, 0, ''}) do reply[#reply + 1] = v end
+    append(reply, 0, 0, 0, '')
   end
   return reply
 end
@@ -75,7 +81,7 @@ if op == 'cancel' then
   reply[1] = 1
   for _, c in ipairs(claims) do
     save(c)
-    for _, v in ipairs({0, 0, 0, ''}) do reply[#reply + 1] = v end
+    append(reply, 0, 0, 0, '')
   end
   return reply
 end
@@ -114,7 +120,7 @@ if not settled or at - now > max_wait or (exact and at ~= start) then
     local room = 0
     if c.from == now then room = c.g.room(now) end
     local reset = math.max(c.from - now, c.g.reset_after(now))
-    for _, v in ipairs({room, c.own - now, reset, ''}) do reply[#reply + 1] = v end
+    append(reply, room, c.own - now, reset, '')
     save(c) -- what trimming and giving back changed
   end
   return reply
@@ -124,7 +130,7 @@ reply[1] = 1
 for _, c in ipairs(claims) do
   local pieces = c.g.record(at)
   local room, reset = c.g.room(at), at - now + c.g.reset_after(at)
-  for _, v in ipairs({room, 0, reset, pieces}) do reply[#reply + 1] = v end
+  append(reply, room, 0, reset, pieces)
   save(c)
 end
 return reply

@@ -29,7 +29,7 @@ local function new_bucket(key, spans_key, p)
     if count == 1 then inline = {v[5], v[6]} end
   end
 
-  local function member(s) return int(s[1]) .. ' ' .. int(s[2]) end
+  local function member(s) return string.format('%d %d', s[1], s[2]) end
   local function parse(m)
     local v = nums(m)
     return {v[1], v[2]}
@@ -216,6 +216,15 @@ local function new_bucket(key, spans_key, p)
   -- reached become one.
   function self.record(at)
     local x = pos(at)
+    if count == 0 or (count == 1 and inline[1] <= x and x <= inline[2]) then
+      -- Nothing booked, or at within or at the end of the one span: the
+      -- events take the time after it (the classic bucket).
+      local s, e = x, x
+      if count == 1 then s, e = inline[1], inline[2] end
+      inline, count = {s, e + need_n}, 1
+      if e + need_n > last then last = e + need_n end
+      return string.format('%d %d %d', ref, e, e + need_n)
+    end
     local get, prev = spans(x)
     local need, pieces, start, cur, j = need_n, {int(ref)}, x, x, 1
     local merged = {}
@@ -297,8 +306,12 @@ local function new_bucket(key, spans_key, p)
   -- save writes the state, trimmed or not: the Go twin keeps what this
   -- keeps, also when a clock steps back.
   function self.save(ttl)
-    local s = int(ref) .. ' ' .. int(self.blocked) .. ' ' .. int(count) .. ' ' .. int(last)
-    if count == 1 then s = s .. ' ' .. member(inline) end
+    local s
+    if count == 1 then
+      s = string.format('%d %d 1 %d %d %d', ref, self.blocked, last, inline[1], inline[2])
+    else
+      s = string.format('%d %d %d %d', ref, self.blocked, count, last)
+    end
     redis.call('SET', key, s, 'PX', ttl)
     if count > 1 then redis.call('PEXPIRE', spans_key, ttl) end
   end

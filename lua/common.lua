@@ -6,7 +6,8 @@
 -- Lua's doubles hold it, and every product the scripts form, exactly.
 -- Redis formats a number passed to redis.call exactly (%.17g), but Lua's
 -- own conversion to a string keeps 14 digits: a number that becomes part
--- of a string goes through int().
+-- of a string goes through int(), or string.format's %d (64 bits), which
+-- formats several at once.
 
 local function int(x)
   return string.format('%.0f', x)

@@ -93,10 +93,9 @@ local function new_counter(key, _, p)
     local indexes = {}
     for i in pairs(counts) do indexes[#indexes + 1] = i end
     table.sort(indexes)
-    local parts = {int(self.blocked)}
+    local parts = {string.format('%d', self.blocked)}
     for _, i in ipairs(indexes) do
-      parts[#parts + 1] = int(i)
-      parts[#parts + 1] = int(counts[i])
+      parts[#parts + 1] = string.format('%d %d', i, counts[i])
     end
     redis.call('SET', key, table.concat(parts, ' '), 'PX', ttl)
   end
