@@ -11,7 +11,7 @@ import (
 )
 
 // Config is what a worker fleet is told to do: the gates of every queue and
-// task type. It comes from config.yaml (see internal/config); this package
+// task type. It comes from config.yaml (see package github.com/sluicehq/sluice/config); this package
 // takes it as a plain value.
 type Config struct {
 	Worker WorkerConfig

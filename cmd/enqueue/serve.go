@@ -26,7 +26,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/net/netutil"
 
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/throttle/httplimit"
 )
