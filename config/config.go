@@ -60,6 +60,7 @@
 package config
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
@@ -86,6 +87,10 @@ type File struct {
 	Redis   Redis
 	Jobs    jobs.Config `config:",squash"`
 	Gateway Gateway
+
+	// digest is the SHA-256 of the bytes Load read, so that Watch can
+	// tell a change made before it started.
+	digest [sha256.Size]byte
 }
 
 // Redis says how to reach Redis.

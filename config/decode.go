@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"iter"
@@ -54,6 +55,7 @@ func load(path string, data []byte) (File, error) {
 	if len(r.errs) > 0 {
 		return File{}, &Problems{Path: path, Errs: r.errs}
 	}
+	f.digest = sha256.Sum256(data)
 	return f, nil
 }
 
@@ -389,6 +391,9 @@ type field struct {
 func fieldsOf(t reflect.Type) []field {
 	var fs []field
 	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue // not a key: state of the package's own
+		}
 		if f.Tag.Get("config") == ",squash" {
 			for _, sub := range fieldsOf(f.Type) {
 				fs = append(fs, field{sub.name, sub.goName, append(slices.Clone(f.Index), sub.index...), sub.typ})

@@ -145,7 +145,7 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 		srv.Shutdown(shutdown)
 		metricsSrv.Shutdown(shutdown)
 	}()
-	config.Watch(ctx, a.configPath, func(f config.File) {
+	config.Watch(ctx, a.configPath, f, func(f config.File) {
 		in.rules.Store(newRules(f))
 		log.Info("config change in force: gateway.clients, gateway.types and the queues", "clients", len(f.Gateway.Clients))
 	}, func(err error) {

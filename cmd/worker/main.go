@@ -114,7 +114,7 @@ func run() int {
 	defer web.Shutdown(context.Background())
 
 	go sched.Run(ctx)
-	go config.Watch(ctx, *path, func(f config.File) {
+	go config.Watch(ctx, *path, file, func(f config.File) {
 		if err := sched.Apply(f.Jobs); err != nil {
 			log.Error("config change refused; the last good config stays in force", "err", err)
 			return
