@@ -1,6 +1,9 @@
 // Package config turns config.yaml and SLUICE_* environment variables into
-// the plain structs the sluice commands run on: Load reads and checks a file,
-// Watch reloads it when it changes. viper reads the file and the environment
+// the plain structs that sluice's commands, package worker and programs of
+// your own run on: Load reads and checks a file, Watch reloads it when it
+// changes. A program that runs its own asynq.Server takes its Redis
+// connection from File.Redis and its gates from File.Jobs (see the
+// asynqServer example). viper reads the file and the environment
 // and mapstructure decodes the result into File; nothing outside this package
 // and cmd/* knows either of them.
 //

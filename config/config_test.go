@@ -411,7 +411,7 @@ tasks: {'http:request': {quotas: [example-api]}}
 
 // The config.yaml at the repository's root is the one users start from.
 func TestDefaultConfigFile(t *testing.T) {
-	f, err := Load(filepath.Join("..", "..", "config.yaml"))
+	f, err := Load(filepath.Join("..", "config.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
