@@ -78,6 +78,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sluicehq/sluice/jobs"
@@ -94,6 +95,8 @@ type File struct {
 	// digest is the SHA-256 of the bytes Load read, so that Watch can
 	// tell a change made before it started.
 	digest [sha256.Size]byte
+	// schemas are the compiled schemas of tasks.<type>.schema, by type.
+	schemas map[string]*jsonschema.Schema
 }
 
 // Redis says how to reach Redis.
@@ -205,7 +208,7 @@ func (f File) Defaults() File {
 // Validate returns one error per problem in f (after Defaults), each naming
 // its key as config.yaml spells it, in the order of the file's sections.
 func (f File) Validate() []error {
-	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), validateUI(f.Jobs.Worker.UI), f.Gateway.Validate(), f.Gateway.validateQueues(f.Jobs.Queues))
+	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), validateUI(f.Jobs.Worker.UI), f.Gateway.validate(f.TaskTypes()), f.Gateway.validateQueues(f.Jobs.Queues))
 }
 
 // validateUI checks worker.ui: writes only behind a login, and a password
@@ -326,8 +329,14 @@ func (g Gateway) Defaults() Gateway {
 }
 
 // Validate returns one error per problem in g (after Defaults), each naming
-// its key.
+// its key. Its types must be built-in ones; File.Validate also takes the
+// types named under tasks.
 func (g Gateway) Validate() []error {
+	return g.validate(File{}.TaskTypes())
+}
+
+// validate is Validate with the task types known.
+func (g Gateway) validate(known []string) []error {
 	var p problems
 	p.check("gateway.listen", hostPort(g.Listen))
 	for i, cidr := range g.TrustedProxies {
@@ -355,8 +364,8 @@ func (g Gateway) Validate() []error {
 		p.add("gateway.max_connections", "must be between 1 and 100000, got %d", g.MaxConnections)
 	}
 	for i, typ := range g.Types {
-		if _, ok := jobs.LookupType(typ); !ok {
-			p.add(fmt.Sprintf("gateway.types[%d]", i), "%q is not a task type the intake knows; known: %s", typ, typeNames())
+		if !slices.Contains(known, typ) {
+			p.add(fmt.Sprintf("gateway.types[%d]", i), "%q is not a task type the intake knows; known: %s (a type of your own must be named under tasks)", typ, strings.Join(known, ", "))
 		}
 	}
 	clientNames, keys := uniqueNames{list: "gateway.clients", use: "logs"}, map[string]int{}
@@ -430,14 +439,6 @@ func (g Gateway) validateQueues(queues map[string]jobs.QueueConfig) []error {
 		}
 	}
 	return p
-}
-
-func typeNames() string {
-	var names []string
-	for _, t := range jobs.Types() {
-		names = append(names, t.Name)
-	}
-	return strings.Join(names, ", ")
 }
 
 // validateLimit checks a limit the way jobs.Config.Validate checks its own.

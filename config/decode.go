@@ -8,6 +8,7 @@ import (
 	"iter"
 	"maps"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -52,10 +53,13 @@ func load(path string, data []byte) (File, error) {
 			r.errs = append(r.errs, fmt.Errorf("%w%s", err, r.source(key)))
 		}
 	}
+	schemas, errs := compileSchemas(f, filepath.Dir(path))
+	r.errs = append(r.errs, errs...)
 	if len(r.errs) > 0 {
 		return File{}, &Problems{Path: path, Errs: r.errs}
 	}
 	f.digest = sha256.Sum256(data)
+	f.schemas = schemas
 	return f, nil
 }
 

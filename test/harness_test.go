@@ -61,8 +61,15 @@ type worker struct {
 // writeConfig writes a config file for the test and returns its path.
 func writeConfig(t *testing.T, yaml string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+	return writeFile(t, "config.yaml", yaml)
+}
+
+// writeFile writes content to a file called name in a new directory and
+// returns its path.
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -14,8 +14,12 @@ import (
 
 // exampleConfig is the config of the example worker for these tests:
 // queue drained at rate a second; forecast:fetch draws on a quota far
-// above it, so that the gates compose.
-func exampleConfig(t *testing.T, queue string, rate int, tasks string) string {
+// above it, so that the gates compose, and has the example's schema.
+func exampleConfig(t *testing.T, queue string, rate int) string {
+	schema, err := filepath.Abs("../examples/forecast/schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
 	return fmt.Sprintf(`
 redis: {addr: %s}
 worker: {concurrency: 10}
@@ -24,8 +28,8 @@ queues:
 quotas:
   %s: {algorithm: token_bucket, limit: 1000, period: 1s, burst: 50}
 tasks:
-  forecast:fetch: {quotas: [%[4]s]%s}
-`, redisAddr(t), queue, rate, redistest.Queue(t, "weather-api"), tasks)
+  forecast:fetch: {quotas: [%[4]s], schema: %s}
+`, redisAddr(t), queue, rate, redistest.Queue(t, "weather-api"), schema)
 }
 
 // runProducer runs the example producer (a plain asynq.Client).
@@ -47,7 +51,7 @@ func TestExampleWorker(t *testing.T) {
 	const measured, more = 400, 200
 	u := newUpstream(t)
 	queue := redistest.Queue(t, "forecasts")
-	path := writeConfig(t, exampleConfig(t, queue, 20, ""))
+	path := writeConfig(t, exampleConfig(t, queue, 20))
 	var fleet []*worker
 	for range 2 {
 		fleet = append(fleet, startWorkerBinary(t, "examples/worker", []string{"--config", path, "--api", u.URL}))
@@ -56,7 +60,7 @@ func TestExampleWorker(t *testing.T) {
 	runProducer(t, "--queue", queue, "--count", fmt.Sprint((measured+more)/2), "--first", fmt.Sprint((measured+more)/2))
 
 	testkit.WaitFor(t, 40*time.Second, "the first 400 requests", func() bool { return len(u.Under("forecast")) >= measured })
-	replace(t, path, exampleConfig(t, queue, 40, ""))
+	replace(t, path, exampleConfig(t, queue, 40))
 	changed := time.Now()
 	testkit.WaitFor(t, 30*time.Second, "every request", func() bool { return len(u.Under("forecast")) >= measured+more })
 	time.Sleep(500 * time.Millisecond) // let any duplicate show itself

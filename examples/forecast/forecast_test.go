@@ -5,11 +5,13 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -63,5 +65,24 @@ func TestNewTask(t *testing.T) {
 	}
 	if _, err := NewTask(" "); err == nil {
 		t.Error("NewTask(blank) succeeded, want an error")
+	}
+}
+
+// TestExampleConfig: examples/config.yaml loads, and its schema takes the
+// payloads NewTask makes and refuses others.
+func TestExampleConfig(t *testing.T) {
+	f, err := config.Load("../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := NewTask("Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.CheckPayload(TypeFetch, task.Payload()); err != nil {
+		t.Errorf("CheckPayload(NewTask's payload) = %v", err)
+	}
+	if err := f.CheckPayload(TypeFetch, []byte(`{"city": ""}`)); err == nil || !strings.Contains(err.Error(), "/city") {
+		t.Errorf("CheckPayload(an empty city) = %v, want an error naming /city", err)
 	}
 }
