@@ -53,6 +53,16 @@
 // problem, not a guess. Empty variables and SLUICE_ variables that match no
 // key are ignored.
 //
+// # Payload schemas
+//
+// tasks.<type>.schema names a JSON Schema file (2020-12 unless its $schema
+// says otherwise) relative to the config file. Load compiles it, with the
+// santhosh-tekuri/jsonschema library: a schema that is missing, larger than
+// 1 MiB, not JSON or not a valid schema is a problem of tasks.<type>.schema.
+// File.CheckPayload checks a payload against it, as enqueue and its intake
+// do before anything is written; a violation is a *PayloadError that gives
+// the JSON Pointer of each place the payload breaks the schema.
+//
 // # Watching
 //
 // Watch runs a small fsnotify loop of its own and calls Load (so viper) for

@@ -26,7 +26,10 @@ type ExitError struct {
 	Err  error
 }
 
+// Error is the error's message, without the code.
 func (e *ExitError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the error, for errors.Is and errors.As.
 func (e *ExitError) Unwrap() error { return e.Err }
 
 // BadInput marks err as the user's to fix.
