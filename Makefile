@@ -38,7 +38,7 @@ run:
 	$(GO) run ./cmd/worker --config config.yaml $$embedded --demo 100
 
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -buildvcs=auto -o bin/ ./cmd/...
 
 # A shell with the test servers up; they go away when the shell exits.
 redis-shell:

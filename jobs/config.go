@@ -11,7 +11,7 @@ import (
 )
 
 // Config is what a worker fleet is told to do: the gates of every queue and
-// task type. It comes from config.yaml (see internal/config); this package
+// task type. It comes from config.yaml (see package github.com/sluicehq/sluice/config); this package
 // takes it as a plain value.
 type Config struct {
 	Worker WorkerConfig
@@ -67,6 +67,11 @@ type TaskConfig struct {
 	Quotas      []string // names of Config.Quotas
 	Cost        int      // drawn from each quota and from the drain gate; default 1
 	Concurrency int      // tasks of this type running at once, fleet-wide; 0: no limit
+	// Schema is a JSON Schema file (2020-12) for the type's payloads,
+	// relative to the config file. enqueue and its intake refuse a payload
+	// it does not allow, before anything is written; the worker does not
+	// look at it.
+	Schema string
 }
 
 // HTTPConfig limits the http:request job type.

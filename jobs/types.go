@@ -59,6 +59,23 @@ func (e *UpstreamBusyError) Error() string {
 	return fmt.Sprintf("upstream busy: %d %s, retry after %v", e.Status, http.StatusText(e.Status), e.RetryAfter)
 }
 
+// UpstreamBusy returns the UpstreamBusyError that resp calls for: for a 429
+// or 503 answer, with its Retry-After (delta-seconds or an HTTP-date; 0
+// when absent or unusable); nil for any other status. A
+// handler that calls a third-party API returns it, wrapped or not, and
+// the gates hold back every task of the type's quotas, fleet-wide, until
+// the upstream's time is up:
+//
+//	if busy := jobs.UpstreamBusy(resp); busy != nil {
+//		return busy
+//	}
+func UpstreamBusy(resp *http.Response) *UpstreamBusyError {
+	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+		return nil
+	}
+	return &UpstreamBusyError{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+}
+
 // Type describes a built-in task type.
 type Type struct {
 	Name string
@@ -111,14 +128,20 @@ func NewHTTPRequestTask(p HTTPRequestPayload, opts ...asynq.Option) (*asynq.Task
 	return asynq.NewTask(TypeHTTPRequest, b, opts...), nil
 }
 
+// Mux is where Register puts the handlers: an *asynq.ServeMux, or a
+// *worker.Worker (package github.com/sluicehq/sluice/worker).
+type Mux interface {
+	Handle(pattern string, handler asynq.Handler)
+}
+
 // Register registers the handlers of the built-in types on mux. The
 // http:request handler calls only what allow permits (see AllowList),
 // with a 30s timeout per call.
-func Register(mux *asynq.ServeMux, allow AllowList) {
-	mux.HandleFunc(TypeNoop, func(_ context.Context, t *asynq.Task) error {
+func Register(mux Mux, allow AllowList) {
+	mux.Handle(TypeNoop, asynq.HandlerFunc(func(_ context.Context, t *asynq.Task) error {
 		return skipRetry(parseNoop(t.Payload()))
-	})
-	mux.HandleFunc(TypeSleep, handleSleep)
+	}))
+	mux.Handle(TypeSleep, asynq.HandlerFunc(handleSleep))
 	mux.Handle(TypeHTTPRequest, newHTTPRequestHandler(allow))
 }
 
@@ -225,15 +248,13 @@ func (h *httpRequestHandler) ProcessTask(ctx context.Context, t *asynq.Task) err
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 		resp.Body.Close()
 	}()
-	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		return nil
-	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
-		busy := &UpstreamBusyError{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	if busy := UpstreamBusy(resp); busy != nil {
 		return fmt.Errorf("%s: %s %s: %w", TypeHTTPRequest, p.Method, req.URL.Redacted(), busy)
-	default:
+	}
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
 		return fmt.Errorf("%s: %s %s: %s", TypeHTTPRequest, p.Method, req.URL.Redacted(), resp.Status)
 	}
+	return nil
 }
 
 // hostOf is the host of a URL as a url.Error gives it.

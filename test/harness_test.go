@@ -1,5 +1,5 @@
 // Package test holds sluice's end-to-end tests: real worker processes, built
-// from cmd/worker, against the real redis-server that `make test` starts,
+// from cmd/worker and examples/worker, against the real redis-server that `make test` starts,
 // with a local HTTP server standing in for a third-party API.
 package test
 
@@ -36,11 +36,15 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = dir
-	build := exec.Command("go", "build", "-o", dir+"/", "../cmd/...")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building the commands:", err)
-		os.Exit(1)
+	// -buildvcs=auto: --version shows the revision where git can tell it,
+	// whatever GOFLAGS says.
+	for out, pkgs := range map[string]string{dir + "/": "../cmd/...", dir + "/examples/": "../examples/..."} {
+		build := exec.Command("go", "build", "-buildvcs=auto", "-o", out, pkgs)
+		build.Stdout, build.Stderr = os.Stdout, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkgs, err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -57,8 +61,15 @@ type worker struct {
 // writeConfig writes a config file for the test and returns its path.
 func writeConfig(t *testing.T, yaml string) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+	return writeFile(t, "config.yaml", yaml)
+}
+
+// writeFile writes content to a file called name in a new directory and
+// returns its path.
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -78,12 +89,19 @@ func freeAddr(t *testing.T) string {
 // metrics server answers. It is stopped (SIGTERM) when the test ends.
 func startWorker(t *testing.T, config string, env ...string) *worker {
 	t.Helper()
+	return startWorkerBinary(t, "worker", []string{"--config", config}, env...)
+}
+
+// startWorkerBinary starts a worker built from the package of binary, a path
+// in bin ("worker", "examples/worker"), with args, as startWorker does.
+func startWorkerBinary(t *testing.T, binary string, args []string, env ...string) *worker {
+	t.Helper()
 	w := &worker{metrics: freeAddr(t), log: filepath.Join(t.TempDir(), "worker.log")}
 	logFile, err := os.Create(w.log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.cmd = exec.Command(filepath.Join(bin, "worker"), "--config", config)
+	w.cmd = exec.Command(filepath.Join(bin, binary), args...)
 	w.cmd.Env = append(os.Environ(), append([]string{"SLUICE_WORKER_METRICS_ADDR=" + w.metrics}, env...)...)
 	w.cmd.Stdout, w.cmd.Stderr = logFile, logFile
 	if err := w.cmd.Start(); err != nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -54,8 +54,12 @@ set the option itself. Everything is checked before anything is written.
 A run that Redis cut short says which lines landed; rerun it with --skip N
 (lines with task_id count as already enqueued, not twice).
 
-Task types:
-` + types.String() + `
+Task types: the built-in ones,
+` + types.String() + `and those named under tasks: in the config. A payload is checked against
+its type: a built-in type's by its own rules (and tasks.TYPE.schema, if set),
+another's by the JSON Schema file of tasks.TYPE.schema, or as any JSON value
+when it has none; a violation is reported with its JSON path.
+
 Exit codes: 0 done, 1 Redis failed (or Ctrl-C) part way, 2 bad input or
 config (nothing enqueued).`,
 		Example: `  enqueue demo:sleep '{"ms": 250}' --queue reports --max-retry 3
@@ -138,7 +142,7 @@ func (f enqueueFlags) check(fs *pflag.FlagSet, args []string) (optionValues, err
 	}
 	switch {
 	case len(args) == 0:
-		bad("missing TYPE: give a task type (%s) and its payload, or --file (see --help)", knownTypes())
+		bad("missing TYPE: give a task type (%s, or one named under tasks: in the config) and its payload, or --file (see --help)", knownTypes())
 	case fs.Changed("skip"):
 		bad("--skip goes with --file")
 	}
@@ -183,13 +187,13 @@ func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values optionVal
 	if len(args) == 2 {
 		payload = []byte(args[1])
 	}
-	t, err := newTask(args[0], payload, f.queue, o)
-	if err != nil {
-		return badInput(err)
-	}
-	file, err := a.loadConfig()
+	file, err := a.loadConfig() // first: it names the task types and their schemas
 	if err != nil {
 		return err
+	}
+	t, err := newTask(args[0], payload, f.queue, o, file)
+	if err != nil {
+		return badInput(err)
 	}
 	warnUnconfigured(cmd.ErrOrStderr(), file, map[string]int{f.queue: f.count}, 0)
 	copies := 0
@@ -265,7 +269,7 @@ func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values optionValue
 	}
 	known := func(q string) bool { _, ok := file.Jobs.Queues[q]; return ok }
 	now := time.Now()
-	d := lineDefaults{queue: f.queue, options: values}
+	d := lineDefaults{queue: f.queue, options: values, payloads: file}
 	c, err := checkTasks(in, name, f.skip, d, now, known)
 	if err != nil {
 		return badInput(err)

@@ -6,6 +6,8 @@
 //	enqueue [flags] --file tasks.jsonl        one task per line; "-" reads stdin
 //	enqueue status [--watch] [--json]         queues, gates and live workers
 //	enqueue serve [--listen HOST:PORT]        the HTTP intake: POST /v1/tasks
+//	enqueue --version
+//	enqueue completion bash|zsh|fish|powershell
 //
 // Input is checked in full before anything is written: a bad type, payload,
 // option or line enqueues nothing. Exit codes: 0 done, 1 Redis failed or
@@ -27,30 +29,21 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/cli"
 )
 
 // Exit codes.
 const (
-	exitRedis    = 1 // Redis failed or a load was interrupted: some tasks may be missing
-	exitBadInput = 2 // bad arguments, input or config: nothing was enqueued
+	exitRedis    = 1                // Redis failed or a load was interrupted: some tasks may be missing
+	exitBadInput = cli.ExitBadInput // bad arguments, input or config: nothing was enqueued
 )
 
-// exitError is an error with the exit code it calls for. Errors of other
-// types come from cobra's own checks of flags and arguments: bad input.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
-
 // badInput marks err as the user's to fix; nothing was written.
-func badInput(err error) error { return &exitError{exitBadInput, err} }
+func badInput(err error) error { return cli.BadInput(err) }
 
 // redisFailed marks err as Redis's failure.
-func redisFailed(err error) error { return &exitError{exitRedis, err} }
+func redisFailed(err error) error { return &cli.ExitError{Code: exitRedis, Err: err} }
 
 func main() {
 	redis.SetLogger(quietLog{})
@@ -62,21 +55,9 @@ func main() {
 
 // run runs the command line args and returns the exit code.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	root := newRootCommand(&app{})
-	root.SetArgs(args)
-	root.SetIn(stdin)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return 0
-	}
-	fmt.Fprintf(stderr, "enqueue: %v\n", err)
-	var e *exitError
-	if errors.As(err, &e) {
-		return e.code
-	}
-	return exitBadInput
+	return cli.Execute(ctx, newRootCommand(&app{}), args, stdin, stdout, stderr, func(stderr io.Writer, err error) {
+		fmt.Fprintf(stderr, "enqueue: %v\n", err)
+	})
 }
 
 // app is what the subcommands share.
@@ -90,11 +71,8 @@ type app struct {
 func newRootCommand(a *app) *cobra.Command {
 	root := newEnqueueCommand(a)
 	root.PersistentFlags().StringVar(&a.configPath, "config", "config.yaml", "the config `file` (SLUICE_* variables override it)")
-	root.SilenceErrors = true // run prints them once, with the exit code
-	root.SilenceUsage = true
-	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return badInput(fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath()))
-	})
+	cli.Setup(root)
+	_ = root.MarkPersistentFlagFilename("config", "yaml", "yml")
 	root.AddCommand(newStatusCommand(a))
 	root.AddCommand(newServeCommand(a))
 	return root

@@ -26,7 +26,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/net/netutil"
 
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/throttle/httplimit"
 )
@@ -145,7 +145,7 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 		srv.Shutdown(shutdown)
 		metricsSrv.Shutdown(shutdown)
 	}()
-	config.Watch(ctx, a.configPath, func(f config.File) {
+	config.Watch(ctx, a.configPath, f, func(f config.File) {
 		in.rules.Store(newRules(f))
 		log.Info("config change in force: gateway.clients, gateway.types and the queues", "clients", len(f.Gateway.Clients))
 	}, func(err error) {
@@ -215,7 +215,7 @@ func (in *intake) readTask(next http.Handler) http.Handler {
 		case err != nil:
 			res.err = fmt.Errorf("reading the body: %w (at most %d bytes, within %v)", err, maxBody, bodyTimeout)
 		default:
-			res.task, res.err = decodeLine(body, lineDefaults{queue: "default"}, time.Now())
+			res.task, res.err = decodeLine(body, lineDefaults{queue: "default", payloads: in.rules.Load().payloads}, time.Now())
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), taskKey{}, res)))
 	})
@@ -264,7 +264,13 @@ func (in *intake) authenticate(next http.Handler) http.Handler {
 func (in *intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	res, _ := r.Context().Value(taskKey{}).(readResult)
 	if res.err != nil {
-		in.answer(w, http.StatusBadRequest, map[string]string{"error": res.err.Error()})
+		answer := map[string]string{"error": res.err.Error()}
+		var invalid *config.PayloadError
+		if errors.As(res.err, &invalid) && len(invalid.Violations) > 0 {
+			// Where the payload first breaks its schema, for programs.
+			answer["path"] = invalid.Violations[0].Path
+		}
+		in.answer(w, http.StatusBadRequest, answer)
 		return
 	}
 	t := res.task
@@ -296,12 +302,14 @@ func (in *intake) answer(w http.ResponseWriter, code int, body map[string]string
 }
 
 // rules are what the intake lets in, from the config: its known clients,
-// the task types it takes, the queues workers serve.
+// the task types it takes and their payloads' schemas, the queues workers
+// serve.
 type rules struct {
 	clients   []*client
 	anonymous *client // nil: every request needs a known API key
 	types     []string
 	queues    []string
+	payloads  payloadChecker // the task types and their schemas
 }
 
 // client is one API key the intake knows and what it may do.
@@ -315,7 +323,7 @@ type client struct {
 func newRules(f config.File) *rules {
 	queues := slices.Sorted(maps.Keys(f.Jobs.Queues))
 	g := f.Gateway
-	r := &rules{types: g.Types, queues: queues}
+	r := &rules{types: g.Types, queues: queues, payloads: f}
 	for _, c := range g.Clients {
 		k := &client{name: c.Name, types: c.Types, queues: c.Queues}
 		if len(k.queues) == 0 {

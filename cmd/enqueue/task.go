@@ -174,17 +174,20 @@ type task struct {
 	opts   []asynq.Option // the queue's included
 }
 
-// newTask checks typ and payload and returns the task. An empty payload
-// is none.
-func newTask(typ string, payload []byte, queue string, o taskOptions) (task, error) {
-	t, ok := jobs.LookupType(typ)
-	if !ok {
-		return task{}, fmt.Errorf("unknown task type %q; known types are %s", typ, knownTypes())
-	}
+// payloadChecker knows the task types and checks their payloads: a
+// config.File, from the built-in types' rules and the config's schemas.
+type payloadChecker interface {
+	CheckPayload(typ string, payload []byte) error
+	TaskTypes() []string
+}
+
+// newTask checks typ and payload with check and returns the task. An empty
+// payload is none.
+func newTask(typ string, payload []byte, queue string, o taskOptions, check payloadChecker) (task, error) {
 	if len(bytes.TrimSpace(payload)) == 0 {
 		payload = nil
 	}
-	if err := t.Validate(payload); err != nil {
+	if err := check.CheckPayload(typ, payload); err != nil {
 		return task{}, err
 	}
 	if payload != nil {
@@ -207,10 +210,11 @@ func knownTypes() string {
 	return strings.Join(names, ", ")
 }
 
-// lineDefaults are what the flags give every line of --file.
+// lineDefaults are what the flags and the config give every line of --file.
 type lineDefaults struct {
-	queue   string
-	options optionValues // checked already
+	queue    string
+	options  optionValues // checked already
+	payloads payloadChecker
 }
 
 // decodeLine decodes and checks one line of --file at now.
@@ -220,7 +224,7 @@ func decodeLine(data []byte, d lineDefaults, now time.Time) (task, error) {
 		return task{}, err
 	}
 	if l.Type == "" {
-		return task{}, errors.New(`"type" is required: a task type, one of ` + knownTypes())
+		return task{}, errors.New(`"type" is required: a task type, one of ` + strings.Join(d.payloads.TaskTypes(), ", "))
 	}
 	queue := d.queue
 	if l.Queue != nil {
@@ -243,7 +247,7 @@ func decodeLine(data []byte, d lineDefaults, now time.Time) (task, error) {
 	if string(payload) == "null" {
 		payload = nil
 	}
-	return newTask(l.Type, payload, queue, o)
+	return newTask(l.Type, payload, queue, o, d.payloads)
 }
 
 // decodeStrict decodes data, one JSON object, into v, refusing unknown keys

@@ -1,161 +1,158 @@
 // Command worker runs one sluice worker: it consumes the queues of
 // config.yaml through asynq, puts every task through its gates (drain,
-// quotas, concurrency) and runs its handler, until SIGINT or SIGTERM.
+// quotas, concurrency) and runs the built-in task types' handlers, until
+// SIGINT or SIGTERM. It is a thin main over package worker, which runs
+// your own handlers the same way.
 //
-//	worker --config config.yaml [--embedded-redis] [--demo N]
+//	worker [--config config.yaml] [--embedded-redis] [--demo N]
 //	worker --hash-password < password.txt     prints a bcrypt hash for worker.ui.password_hash
+//	worker --version
+//	worker completion bash|zsh|fish|powershell
 //
 // Exit codes: 0 after a graceful stop, 1 when it cannot run, 2 when the
-// config has problems (one line per problem, naming its key).
+// config or the arguments have problems (one line per problem, naming its
+// key).
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
-	"time"
 
-	"github.com/hibiken/asynq"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"golang.org/x/crypto/bcrypt"
 
-	"github.com/sluicehq/sluice/internal/config"
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/cli"
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/worker"
 )
 
+// exitCannotRun is the exit code when Redis, the metrics address or the
+// embedded Redis failed; bad arguments and config are cli.ExitBadInput.
+const exitCannotRun = 1
+
 func main() {
-	os.Exit(run())
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func run() int {
-	path := flag.String("config", "config.yaml", "the config file")
-	embedded := flag.Bool("embedded-redis", false, "serve an in-process, non-durable Redis on redis.addr (a try-out, not a store)")
-	demo := flag.Int("demo", 0, "enqueue this many demo:noop tasks into each queue and show their progress")
-	hash := flag.Bool("hash-password", false, "read a password from stdin, print its bcrypt hash for worker.ui.password_hash, and exit")
-	flag.Parse()
-	if *hash {
-		input, err := io.ReadAll(io.LimitReader(os.Stdin, 1<<10))
-		if err == nil {
-			var h string
-			if h, err = hashPassword(string(input)); err == nil {
-				fmt.Println(h)
-				return 0
-			}
-		}
-		fmt.Fprintf(os.Stderr, "worker: --hash-password: %v\n", err)
-		return 2
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()}))
-
-	file, err := config.Load(*path)
-	if err != nil {
+// run runs the command line args and returns the exit code.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return cli.Execute(ctx, newRootCommand(), args, stdin, stdout, stderr, func(stderr io.Writer, err error) {
 		var problems *config.Problems
-		if errors.As(err, &problems) {
-			for _, p := range problems.Errs {
-				fmt.Fprintf(os.Stderr, "worker: %s: %v\n", *path, p)
-			}
-			return 2
+		if !errors.As(err, &problems) {
+			fmt.Fprintf(stderr, "worker: %v\n", err)
+			return
 		}
-		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
-		return 2
+		for _, p := range problems.Errs { // one line per problem, each naming its file and key
+			fmt.Fprintf(stderr, "worker: %s: %v\n", problems.Path, p)
+		}
+	})
+}
+
+// flags are the worker command's flags.
+type flags struct {
+	configPath   string
+	embedded     bool
+	demo         int
+	hashPassword bool
+}
+
+func newRootCommand() *cobra.Command {
+	var f flags
+	cmd := &cobra.Command{
+		Use:   "worker [flags]",
+		Short: "Run a sluice worker: the queues of the config, through their gates, until SIGINT or SIGTERM",
+		Long: `Run a sluice worker until SIGINT or SIGTERM, then stop gracefully (running
+tasks finish). It serves the queues of the config through asynq, puts every
+task through its gates (drain rate, quotas, concurrency) and runs the built-in
+task types (demo:noop, demo:sleep, http:request). Prometheus metrics, the web
+UI (/ui/, read-only unless worker.ui.writes) and /healthz are on
+worker.metrics_addr. A change to the config file's rates, quotas and limits
+is in force within well under 2 s.
+
+To run your own task types, use the Go package github.com/sluicehq/sluice/worker.
+
+Exit codes: 0 after a graceful stop, 1 when it cannot run, 2 bad config or
+arguments (one line per problem, naming its key).`,
+		Example: `  worker --config config.yaml
+  worker --embedded-redis --demo 100
+  worker --hash-password < password.txt`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.hashPassword {
+				return printHash(cmd)
+			}
+			return serve(cmd, f)
+		},
 	}
+	cli.Setup(cmd)
+	fl := cmd.Flags()
+	fl.SortFlags = false
+	fl.StringVar(&f.configPath, "config", "config.yaml", "the config `file` (SLUICE_* variables override it)")
+	fl.BoolVar(&f.embedded, "embedded-redis", false, "serve an in-process, non-durable Redis on redis.addr (a try-out, not a store)")
+	fl.IntVar(&f.demo, "demo", 0, "enqueue `N` demo:noop tasks into each queue and show their progress")
+	fl.BoolVar(&f.hashPassword, "hash-password", false, "read a password from stdin, print its bcrypt hash for worker.ui.password_hash, and exit")
+	_ = cmd.MarkFlagFilename("config", "yaml", "yml")
+	return cmd
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+// serve runs the worker with the built-in task types until the command's
+// context ends.
+func serve(cmd *cobra.Command, f flags) error {
+	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: logLevel()}))
+	w, err := worker.New(f.configPath, worker.WithLogger(log))
+	if err != nil {
+		return cli.BadInput(err)
+	}
+	file := w.Config()
+	allow, err := jobs.ParseAllowList(file.Jobs.HTTP.Allow)
+	if err != nil { // config.Load checked it
+		return cli.BadInput(err)
+	}
+	jobs.Register(w, allow)
 
-	if *embedded {
+	ctx := cmd.Context()
+	if f.embedded {
 		closeRedis, err := startEmbeddedRedis(ctx, file.Redis.Addr, log)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "worker: embedded redis: %v\n", err)
-			return 1
+			return cannotRun(fmt.Errorf("embedded redis: %w", err))
 		}
 		defer closeRedis()
 	}
-
-	rdb := file.Redis.Client()
-	defer rdb.Close()
-	redisOpt := file.Redis.AsynqOpt()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := jobs.NewMetrics(reg)
-	sched, err := jobs.NewScheduler(rdb, redisOpt, file.Jobs, metrics, log)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
-		return 2
+	if f.demo > 0 {
+		// The demo's tasks wait in Redis until the worker below is serving.
+		go runDemo(ctx, file.Redis.AsynqOpt(), file.Jobs, f.demo, cmd.OutOrStdout(), log)
 	}
-	defer sched.Close()
-
-	mux := asynq.NewServeMux()
-	mux.Use(sched.Middleware)
-	allow, err := jobs.ParseAllowList(file.Jobs.HTTP.Allow)
-	if err != nil { // config.Load checked it
-		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
-		return 2
+	if err := w.Run(ctx); err != nil {
+		return cannotRun(err)
 	}
-	jobs.Register(mux, allow)
-	cfg := sched.AsynqConfig()
-	cfg.ShutdownTimeout = 10 * time.Second
-	srv := asynq.NewServer(redisOpt, cfg)
-
-	web, err := serveMetrics(sched.Config().Worker, reg, redisOpt, log)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "worker: metrics server: %v\n", err)
-		return 1
-	}
-	defer web.Shutdown(context.Background())
-
-	go sched.Run(ctx)
-	go config.Watch(ctx, *path, func(f config.File) {
-		if err := sched.Apply(f.Jobs); err != nil {
-			log.Error("config change refused; the last good config stays in force", "err", err)
-			return
-		}
-		log.Info("config change in force", "path", *path)
-	}, func(err error) {
-		log.Error("config change refused; the last good config stays in force", "err", err)
-	})
-
-	if err := srv.Start(mux); err != nil {
-		fmt.Fprintf(os.Stderr, "worker: %v\n", err)
-		return 1
-	}
-	log.Info("worker running", "queues", cfg.Queues, "concurrency", cfg.Concurrency, "metrics", web.Addr)
-	if *demo > 0 {
-		go runDemo(ctx, redisOpt, sched.Config(), *demo, os.Stdout, log)
-	}
-	<-ctx.Done()
-	log.Info("stopping: waiting for running tasks")
-	srv.Shutdown()
-	return 0
+	return nil
 }
 
-// serveMetrics serves Prometheus metrics on /metrics and asynqmon's web UI
-// on /ui/ (see webUI) at w.MetricsAddr.
-func serveMetrics(w jobs.WorkerConfig, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, log *slog.Logger) (*http.Server, error) {
-	ln, err := net.Listen("tcp", w.MetricsAddr)
+// printHash prints the bcrypt hash of the first line of stdin, for
+// worker.ui.password_hash.
+func printHash(cmd *cobra.Command) error {
+	input, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), 1<<10))
 	if err != nil {
-		return nil, err
+		return cli.BadInput(fmt.Errorf("--hash-password: %w", err))
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/ui/", webUI(w.UI, redisOpt))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server stopped", "err", err)
-		}
-	}()
-	return srv, nil
+	password, _, _ := strings.Cut(string(input), "\n")
+	hash, err := bcrypt.GenerateFromPassword([]byte(strings.TrimSuffix(password, "\r")), bcrypt.DefaultCost)
+	if err != nil {
+		return cli.BadInput(fmt.Errorf("--hash-password: %w", err))
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), string(hash))
+	return nil
 }
 
 // logLevel reads SLUICE_LOG_LEVEL (debug, info, warn, error; default info).
@@ -166,3 +163,6 @@ func logLevel() slog.Level {
 	}
 	return level
 }
+
+// cannotRun marks err as a failure to run, not the user's input.
+func cannotRun(err error) error { return &cli.ExitError{Code: exitCannotRun, Err: err} }

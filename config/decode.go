@@ -2,11 +2,13 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"iter"
 	"maps"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -51,9 +53,13 @@ func load(path string, data []byte) (File, error) {
 			r.errs = append(r.errs, fmt.Errorf("%w%s", err, r.source(key)))
 		}
 	}
+	schemas, errs := compileSchemas(f, filepath.Dir(path))
+	r.errs = append(r.errs, errs...)
 	if len(r.errs) > 0 {
 		return File{}, &Problems{Path: path, Errs: r.errs}
 	}
+	f.digest = sha256.Sum256(data)
+	f.schemas = schemas
 	return f, nil
 }
 
@@ -389,6 +395,9 @@ type field struct {
 func fieldsOf(t reflect.Type) []field {
 	var fs []field
 	for f := range t.Fields() {
+		if !f.IsExported() {
+			continue // not a key: state of the package's own
+		}
 		if f.Tag.Get("config") == ",squash" {
 			for _, sub := range fieldsOf(f.Type) {
 				fs = append(fs, field{sub.name, sub.goName, append(slices.Clone(f.Index), sub.index...), sub.typ})

@@ -1,10 +1,9 @@
-package main
+package worker
 
 import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -84,12 +83,4 @@ func (a *basicAuth) check(user, password string) bool {
 	}
 	a.verified.Store(&sum)
 	return true
-}
-
-// hashPassword returns the bcrypt hash of the first line of input, for
-// worker.ui.password_hash.
-func hashPassword(input string) (string, error) {
-	password, _, _ := strings.Cut(input, "\n")
-	hash, err := bcrypt.GenerateFromPassword([]byte(strings.TrimSuffix(password, "\r")), bcrypt.DefaultCost)
-	return string(hash), err
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // root is the repository's root, seen from this package's directory.
-var root = filepath.Join("..", "..")
+var root = ".."
 
 type composeFile struct {
 	Services map[string]composeService

@@ -1,6 +1,9 @@
 // Package config turns config.yaml and SLUICE_* environment variables into
-// the plain structs the sluice commands run on: Load reads and checks a file,
-// Watch reloads it when it changes. viper reads the file and the environment
+// the plain structs that sluice's commands, package worker and programs of
+// your own run on: Load reads and checks a file, Watch reloads it when it
+// changes. A program that runs its own asynq.Server takes its Redis
+// connection from File.Redis and its gates from File.Jobs (see the
+// asynqServer example). viper reads the file and the environment
 // and mapstructure decodes the result into File; nothing outside this package
 // and cmd/* knows either of them.
 //
@@ -50,6 +53,16 @@
 // problem, not a guess. Empty variables and SLUICE_ variables that match no
 // key are ignored.
 //
+// # Payload schemas
+//
+// tasks.<type>.schema names a JSON Schema file (2020-12 unless its $schema
+// says otherwise) relative to the config file. Load compiles it, with the
+// santhosh-tekuri/jsonschema library: a schema that is missing, larger than
+// 1 MiB, not JSON or not a valid schema is a problem of tasks.<type>.schema.
+// File.CheckPayload checks a payload against it, as enqueue and its intake
+// do before anything is written; a violation is a *PayloadError that gives
+// the JSON Pointer of each place the payload breaks the schema.
+//
 // # Watching
 //
 // Watch runs a small fsnotify loop of its own and calls Load (so viper) for
@@ -60,6 +73,7 @@
 package config
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
@@ -74,6 +88,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/sluicehq/sluice/jobs"
@@ -86,6 +101,12 @@ type File struct {
 	Redis   Redis
 	Jobs    jobs.Config `config:",squash"`
 	Gateway Gateway
+
+	// digest is the SHA-256 of the bytes Load read, so that Watch can
+	// tell a change made before it started.
+	digest [sha256.Size]byte
+	// schemas are the compiled schemas of tasks.<type>.schema, by type.
+	schemas map[string]*jsonschema.Schema
 }
 
 // Redis says how to reach Redis.
@@ -197,7 +218,7 @@ func (f File) Defaults() File {
 // Validate returns one error per problem in f (after Defaults), each naming
 // its key as config.yaml spells it, in the order of the file's sections.
 func (f File) Validate() []error {
-	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), validateUI(f.Jobs.Worker.UI), f.Gateway.Validate(), f.Gateway.validateQueues(f.Jobs.Queues))
+	return slices.Concat(f.Redis.Validate(), f.Jobs.Validate(), validateUI(f.Jobs.Worker.UI), f.Gateway.validate(f.TaskTypes()), f.Gateway.validateQueues(f.Jobs.Queues))
 }
 
 // validateUI checks worker.ui: writes only behind a login, and a password
@@ -318,8 +339,14 @@ func (g Gateway) Defaults() Gateway {
 }
 
 // Validate returns one error per problem in g (after Defaults), each naming
-// its key.
+// its key. Its types must be built-in ones; File.Validate also takes the
+// types named under tasks.
 func (g Gateway) Validate() []error {
+	return g.validate(File{}.TaskTypes())
+}
+
+// validate is Validate with the task types known.
+func (g Gateway) validate(known []string) []error {
 	var p problems
 	p.check("gateway.listen", hostPort(g.Listen))
 	for i, cidr := range g.TrustedProxies {
@@ -347,8 +374,8 @@ func (g Gateway) Validate() []error {
 		p.add("gateway.max_connections", "must be between 1 and 100000, got %d", g.MaxConnections)
 	}
 	for i, typ := range g.Types {
-		if _, ok := jobs.LookupType(typ); !ok {
-			p.add(fmt.Sprintf("gateway.types[%d]", i), "%q is not a task type the intake knows; known: %s", typ, typeNames())
+		if !slices.Contains(known, typ) {
+			p.add(fmt.Sprintf("gateway.types[%d]", i), "%q is not a task type the intake knows; known: %s (a type of your own must be named under tasks)", typ, strings.Join(known, ", "))
 		}
 	}
 	clientNames, keys := uniqueNames{list: "gateway.clients", use: "logs"}, map[string]int{}
@@ -422,14 +449,6 @@ func (g Gateway) validateQueues(queues map[string]jobs.QueueConfig) []error {
 		}
 	}
 	return p
-}
-
-func typeNames() string {
-	var names []string
-	for _, t := range jobs.Types() {
-		names = append(names, t.Name)
-	}
-	return strings.Join(names, ", ")
 }
 
 // validateLimit checks a limit the way jobs.Config.Validate checks its own.
