@@ -1,0 +1,222 @@
+// Package worker is a sluice worker for your own task handlers: everything
+// the sluice `worker` command is, as a library. New reads the config file
+// (and its SLUICE_* overrides); Handle and HandleFunc register handlers as
+// on an asynq.ServeMux; Run serves until its context ends. Every task goes
+// through the gates of its queue and type (drain rate, quotas, concurrency)
+// before its handler runs, and a task that must wait is given its turn,
+// never failed or archived for waiting.
+//
+//	w, err := worker.New("config.yaml")
+//	if err != nil {
+//		log.Fatal(err) // every config problem, one a line, by key
+//	}
+//	w.HandleFunc("email:send", sendEmail)
+//	err = w.Run(ctx) // until ctx ends; then running tasks finish
+//
+// While it runs, a Worker reloads the config file when it changes (rates,
+// quotas and limits are in force within well under 2 s; queues and the
+// worker section need a restart), serves Prometheus metrics at /metrics,
+// the asynqmon web UI at /ui/ (read-only unless worker.ui.writes, and then
+// behind a login) and /healthz on worker.metrics_addr, and listens for the
+// upstream signal: a handler that returns a *jobs.UpstreamBusyError (an API
+// answered 429 or 503) blocks its type's quotas for the whole fleet.
+//
+// The built-in task types (demo:noop, demo:sleep, http:request) are not
+// registered unless asked for: jobs.Register(w, allow) registers them the
+// way the sluice worker command does.
+//
+// For a program that builds its own asynq.Server, package
+// github.com/sluicehq/sluice/config loads the config, and jobs.Scheduler
+// gives the middleware and the asynq.Config; see that package's example.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// Worker is one sluice worker process's work: its config, its handlers and,
+// once Run is called, its asynq server, gates, metrics and web UI. Make one
+// with New; register handlers before Run.
+type Worker struct {
+	path string
+	file config.File
+	opts options
+	mux  *asynq.ServeMux
+
+	mu      sync.Mutex
+	started bool
+}
+
+// Option configures a Worker.
+type Option func(*options)
+
+type options struct {
+	log             *slog.Logger
+	registry        *prometheus.Registry
+	shutdownTimeout time.Duration
+}
+
+// WithLogger sets where the worker logs; the default is slog.Default().
+func WithLogger(log *slog.Logger) Option {
+	return func(o *options) { o.log = log }
+}
+
+// WithRegistry serves reg's metrics, with sluice's added to it, at
+// /metrics, so that a program's own metrics are scraped with the worker's.
+// The default is a new registry with the Go and process collectors.
+func WithRegistry(reg *prometheus.Registry) Option {
+	return func(o *options) { o.registry = reg }
+}
+
+// WithShutdownTimeout sets how long Run waits for running tasks once its
+// context ends; tasks still running then are cancelled and come back later
+// (asynq is at-least-once). The default is 10s; it must be > 0.
+func WithShutdownTimeout(d time.Duration) Option {
+	return func(o *options) { o.shutdownTimeout = d }
+}
+
+// New reads the config file at configPath with its SLUICE_* environment
+// overrides (see package config) and returns a Worker for it. A config with
+// problems returns a *config.Problems that lists every problem by key, as
+// "queues.emails.drain.limit: must be > 0, got 0"; a missing or unreadable
+// file returns an error naming it. New connects to nothing: Run does.
+func New(configPath string, opts ...Option) (*Worker, error) {
+	o := options{log: slog.Default(), shutdownTimeout: 10 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.log == nil {
+		return nil, errors.New("worker: WithLogger: the logger must not be nil")
+	}
+	if o.shutdownTimeout <= 0 {
+		return nil, fmt.Errorf("worker: WithShutdownTimeout: must be > 0, got %v", o.shutdownTimeout)
+	}
+	if o.registry == nil {
+		o.registry = prometheus.NewRegistry()
+		o.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	file, err := config.Load(configPath)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{path: configPath, file: file, opts: o, mux: asynq.NewServeMux()}, nil
+}
+
+// Config is the config the worker was made with, as New read it (later
+// changes to the file are applied to the gates by Run, not shown here).
+func (w *Worker) Config() config.File { return w.file }
+
+// Handle registers handler for the tasks whose type pattern names, as
+// asynq.ServeMux.Handle does (the longest matching prefix wins). Register
+// every handler before Run.
+func (w *Worker) Handle(pattern string, handler asynq.Handler) {
+	w.mux.Handle(pattern, handler)
+}
+
+// HandleFunc registers handler for the tasks whose type pattern names; it
+// is shorthand for Handle(pattern, asynq.HandlerFunc(handler)).
+func (w *Worker) HandleFunc(pattern string, handler func(context.Context, *asynq.Task) error) {
+	w.mux.HandleFunc(pattern, handler)
+}
+
+// Run connects to Redis, serves the configured queues through the gates
+// and the metrics and web UI, and reloads the config file when it
+// changes, until ctx ends. It then stops taking tasks, waits for running
+// ones (see WithShutdownTimeout) and returns nil. It returns an error if
+// the worker cannot start (the metrics address is taken, Redis refuses
+// asynq) or if Run was called before.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	started := w.started
+	w.started = true
+	w.mu.Unlock()
+	if started {
+		return errors.New("worker: Run was called before; a Worker runs once")
+	}
+	log := w.opts.log
+	rdb := w.file.Redis.Client()
+	defer rdb.Close()
+	redisOpt := w.file.Redis.AsynqOpt()
+	sched, err := jobs.NewScheduler(rdb, redisOpt, w.file.Jobs, jobs.NewMetrics(w.opts.registry), log)
+	if err != nil { // config.Load checked the config: this is not expected
+		return fmt.Errorf("worker: %w", err)
+	}
+	defer sched.Close()
+	w.mux.Use(sched.Middleware)
+	cfg := sched.AsynqConfig()
+	cfg.ShutdownTimeout = w.opts.shutdownTimeout
+	srv := asynq.NewServer(redisOpt, cfg)
+
+	web, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, log)
+	if err != nil {
+		return fmt.Errorf("worker: metrics server on worker.metrics_addr: %w", err)
+	}
+	defer func() {
+		stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		web.Shutdown(stop)
+	}()
+
+	// The fleet loop and the watcher outlive ctx until the running tasks
+	// are done: a task still waiting for its turn needs them.
+	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	defer func() {
+		stopBackground()
+		wg.Wait()
+	}()
+	wg.Go(func() { sched.Run(background) })
+	config.Watch(background, w.path, w.file, func(f config.File) {
+		if err := sched.Apply(f.Jobs); err != nil {
+			log.Error("config change refused; the last good config stays in force", "err", err)
+			return
+		}
+		log.Info("config change in force", "path", w.path)
+	}, func(err error) {
+		log.Error("config change refused; the last good config stays in force", "err", err)
+	})
+
+	if err := srv.Start(w.mux); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	log.Info("worker running", "queues", cfg.Queues, "concurrency", cfg.Concurrency, "metrics", web.Addr)
+	<-ctx.Done()
+	log.Info("stopping: waiting for running tasks", "timeout", w.opts.shutdownTimeout)
+	srv.Shutdown()
+	return nil
+}
+
+// serveMetrics serves Prometheus metrics on /metrics, asynqmon's web UI on
+// /ui/ (see webUI) and /healthz at cfg.MetricsAddr.
+func serveMetrics(cfg jobs.WorkerConfig, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, log *slog.Logger) (*http.Server, error) {
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/ui/", webUI(cfg.UI, redisOpt))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	return srv, nil
+}
