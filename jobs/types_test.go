@@ -126,7 +126,7 @@ func process(ctx context.Context, t *testing.T, allow []string, typ, payload str
 }
 
 func TestHTTPRequestStatus(t *testing.T) {
-	date := time.Now().Add(10 * time.Second).UTC().Format(http.TimeFormat)
+	const inTenSeconds = "in ten seconds" // an HTTP-date, made when the request is answered
 	tests := []struct {
 		desc       string
 		status     int
@@ -139,14 +139,20 @@ func TestHTTPRequestStatus(t *testing.T) {
 		{desc: "500 is retried", status: 500, wantErr: true},
 		{desc: "404 is retried", status: 404, wantErr: true},
 		{desc: "429 delta-seconds", status: 429, retryAfter: "2", wantBusy: &UpstreamBusyError{429, 2 * time.Second}},
-		{desc: "503 HTTP-date", status: 503, retryAfter: date, wantBusy: &UpstreamBusyError{503, 10 * time.Second}},
+		{desc: "503 HTTP-date", status: 503, retryAfter: inTenSeconds, wantBusy: &UpstreamBusyError{503, 10 * time.Second}},
 		{desc: "429 no Retry-After", status: 429, wantBusy: &UpstreamBusyError{429, 0}},
 		{desc: "503 unparsable Retry-After", status: 503, retryAfter: "soon", wantBusy: &UpstreamBusyError{503, 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.desc, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if tt.retryAfter != "" {
+				switch tt.retryAfter {
+				case "":
+				case inTenSeconds:
+					// HTTP-dates are whole seconds: rounded up, so the wait read is
+					// 10s less the time the answer takes to be read.
+					w.Header().Set("Retry-After", time.Now().Add(10*time.Second).Truncate(time.Second).Add(time.Second).UTC().Format(http.TimeFormat))
+				default:
 					w.Header().Set("Retry-After", tt.retryAfter)
 				}
 				w.WriteHeader(tt.status)
