@@ -66,12 +66,27 @@ type Claim struct {
 	// GiveBack, if not empty, is the pieces of n events booked earlier
 	// that are given back before anything is booked (a turn that moves).
 	GiveBack string
+	// ID, if not empty, names the turn: Book keeps a turn it books in the
+	// future under ID, and Kept is what the key keeps under ID now (nil:
+	// nothing), looked up by the caller.
+	ID   string
+	Kept *Kept
+}
+
+// Kept is a turn kept under its ID: its instant and what giving it back
+// gives back.
+type Kept struct {
+	At     int64
+	Pieces string
 }
 
 // Booking is the outcome of Book.
 type Booking struct {
-	OK  bool
-	Now int64 // the instant it was decided at
+	OK bool
+	// Kept: the turns are those the claims kept under their IDs; nothing
+	// was counted.
+	Kept bool
+	Now  int64 // the instant it was decided at
 	// At is the instant every claim was counted at; when not OK, the
 	// earliest instant found at which all would fit (a lower bound).
 	At     int64
@@ -84,6 +99,9 @@ type Counted struct {
 	RetryAfter int64  // the wait after which the claim alone would fit; 0 when OK
 	ResetAfter int64  // until the key is back to its initial state
 	Pieces     string // OK: what GiveBack needs
+	// Keep: keep {At, Pieces} under the claim's ID until At + late. Forget:
+	// drop what is kept under it.
+	Keep, Forget bool
 }
 
 // maxPasses bounds the search for a common instant. Each claim's earliest
@@ -97,14 +115,44 @@ const maxPasses = 16
 // fits, if that is at most maxWait µs from now (maxWait 0: now or never).
 // With exact, that instant must be notBefore itself. It counts all the
 // claims or none: the Go twin of the "book" operation of lua/book.lua.
-func Book(claims []Claim, now, notBefore, maxWait int64, exact bool) Booking {
-	for _, c := range claims {
+//
+// When every claim has a turn kept under its ID, all at one instant that
+// has not passed by more than late µs (late < 0: however long ago), that
+// turn is the booking and nothing is counted; turns kept otherwise are
+// given back and forgotten, and the claims booked anew.
+func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late int64) Booking {
+	b := Booking{Now: now, Claims: make([]Counted, len(claims))}
+	for i := range claims {
+		c := &claims[i]
 		c.State.Trim(c.Params, now)
 		if c.GiveBack != "" {
 			c.State.GiveBack(c.Params, c.GiveBack, c.N)
+			if c.ID != "" { // a turn given back is no longer kept: it moves
+				c.Kept, b.Claims[i].Forget = nil, true
+			}
 		}
 	}
-	b := Booking{Now: now, Claims: make([]Counted, len(claims))}
+	if at, ok := keptTurn(claims, now, late); ok {
+		b.OK, b.Kept, b.At = true, true, at
+		for i, c := range claims {
+			b.Claims[i] = Counted{
+				Pieces:     c.Kept.Pieces,
+				Remaining:  c.State.Room(c.Params, at),
+				ResetAfter: max(0, at-now) + c.State.ResetAfter(c.Params, max(at, now)),
+			}
+		}
+		return b
+	}
+	for i, c := range claims {
+		if c.Kept != nil {
+			c.State.GiveBack(c.Params, c.Kept.Pieces, c.N)
+			b.Claims[i].Forget = true
+		}
+	}
+	forgotten := make([]bool, len(claims))
+	for i := range claims {
+		forgotten[i] = b.Claims[i].Forget
+	}
 	start := max(now, notBefore)
 	// Each claim alone first: its own wait tells a caller which limit
 	// refused. A block beyond maxWait refuses without a search.
@@ -150,9 +198,26 @@ func Book(claims []Claim, now, notBefore, maxWait int64, exact bool) Booking {
 			Pieces:     c.State.Record(c.Params, at, c.N),
 			Remaining:  c.State.Room(c.Params, at),
 			ResetAfter: at - now + c.State.ResetAfter(c.Params, at),
+			Keep:       c.ID != "" && at > now,
+			Forget:     forgotten[i],
 		}
 	}
 	return b
+}
+
+// keptTurn is the instant of the turn every claim keeps under its ID, if
+// they all keep one there and it has not passed by more than late.
+func keptTurn(claims []Claim, now, late int64) (int64, bool) {
+	if len(claims) == 0 {
+		return 0, false
+	}
+	for _, c := range claims {
+		if c.Kept == nil || c.Kept.At != claims[0].Kept.At {
+			return 0, false
+		}
+	}
+	at := claims[0].Kept.At
+	return at, late < 0 || at >= now-late
 }
 
 // Peek is how many events fit now and how long the key is still blocked:

@@ -55,6 +55,8 @@ type OpClaim struct {
 	Key, Aux  string // the state's key and its second key, in one cluster slot
 	N         int64
 	GiveBack  string // pieces to give back first, or ""
+	ID        string // the turn's ID, or ""
+	KeptKey   string // where the turn kept under ID lives, in the same slot
 }
 
 // Op is one run of the book script and, once run, its outcome.
@@ -64,6 +66,7 @@ type Op struct {
 	NotBefore int64 // book: the earliest instant; block: the block's length
 	MaxWait   int64 // book
 	Exact     bool  // book: the turn must be at NotBefore
+	Late      int64 // book: how long after its instant a kept turn is still given (µs; < 0: however long)
 	Slack     int64 // µs added to every TTL the script sets
 	Claims    []OpClaim
 
@@ -72,9 +75,13 @@ type Op struct {
 }
 
 func (op *Op) keys() []string {
-	keys := make([]string, 0, 2*len(op.Claims))
+	keys := make([]string, 0, 3*len(op.Claims))
 	for _, c := range op.Claims {
-		keys = append(keys, c.Key, c.Aux)
+		kept := c.KeptKey
+		if c.ID == "" {
+			kept = c.Aux // a key of the slot, untouched
+		}
+		keys = append(keys, c.Key, c.Aux, kept)
 	}
 	return keys
 }
@@ -88,11 +95,11 @@ func (op *Op) args() []any {
 	if op.Exact {
 		exact = "1"
 	}
-	args := make([]any, 0, 7+7*len(op.Claims))
-	args = append(args, clock, op.Name, op.NotBefore, op.MaxWait, exact, op.Slack, len(op.Claims))
+	args := make([]any, 0, 8+8*len(op.Claims))
+	args = append(args, clock, op.Name, op.NotBefore, op.MaxWait, exact, op.Slack, op.Late, len(op.Claims))
 	for _, c := range op.Claims {
 		p := c.Params
-		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack)
+		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack, c.ID)
 	}
 	return args
 }
@@ -127,7 +134,7 @@ func (op *Op) finish(cmd *redis.Cmd) {
 		}
 		ints = append(ints, n)
 	}
-	b := Booking{OK: ints[0] == 1, Now: ints[1], At: ints[2], Claims: make([]Counted, len(op.Claims))}
+	b := Booking{OK: ints[0] >= 1, Kept: ints[0] == 2, Now: ints[1], At: ints[2], Claims: make([]Counted, len(op.Claims))}
 	for i := range b.Claims {
 		v := ints[3+3*i:]
 		b.Claims[i] = Counted{Remaining: v[0], RetryAfter: v[1], ResetAfter: v[2], Pieces: pieces[i]}

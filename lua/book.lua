@@ -1,17 +1,24 @@
 -- book: one operation on several keys, each a limit of its own algorithm,
 -- atomically. The twin of algorithms.Book and algorithms.Peek.
 --
--- KEYS[2i-1], KEYS[2i] -> claim i's state and aux keys (see each algorithm)
+-- KEYS[3i-2], KEYS[3i-1] -> claim i's state and aux keys (see each
+--            algorithm); KEYS[3i] -> the key of claim i's turn kept under its
+--            ID (string "at;pieces"), in the same slot (the aux key again
+--            when the claim has no ID)
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
 -- ARGV[2] -> op: book, cancel, block or peek
 -- ARGV[3] -> book: not before (µs); block: for how long (µs)
 -- ARGV[4] -> book: the longest wait (µs); 0 counts now or never
 -- ARGV[5] -> book: '1' if the turn must be at not before exactly
 -- ARGV[6] -> TTL slack (µs), added to every TTL
--- ARGV[7] -> how many claims
--- ARGV[8 + 7(i-1) ...] -> claim i: algorithm, limit, period, burst,
---            windows, n, pieces to give back first ('' for none)
--- Output  -> {ok (1|0), now, at, then per claim: remaining, retry_after,
+-- ARGV[7] -> book: how long after its instant a kept turn is still given
+--            (µs; -1: however long)
+-- ARGV[8] -> how many claims
+-- ARGV[9 + 8(i-1) ...] -> claim i: algorithm, limit, period, burst,
+--            windows, n, pieces to give back first ('' for none), ID ('' for
+--            none)
+-- Output  -> {ok (1: booked, 2: given the turns kept under the claims' IDs,
+--            0: not), now, at, then per claim: remaining, retry_after,
 --            reset_after, pieces}; times in µs, relative to now but now and
 --            at. book: at is the turn, or the earliest instant found at
 --            which all would fit. peek: retry_after is how long the key is
@@ -26,15 +33,23 @@ local MAX_PASSES = 16 -- see maxPasses in algorithms.go
 
 local now = clock()
 local op = ARGV[2]
-local slack = tonumber(ARGV[6])
+local slack, late = tonumber(ARGV[6]), tonumber(ARGV[7])
 local claims = {}
-for i = 1, tonumber(ARGV[7]) do
-  local a = 8 + 7 * (i - 1)
+for i = 1, tonumber(ARGV[8]) do
+  local a = 9 + 8 * (i - 1)
   local p = {limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
     windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5])}
-  local g = constructors[ARGV[a]](KEYS[2 * i - 1], KEYS[2 * i], p)
+  local g = constructors[ARGV[a]](KEYS[3 * i - 2], KEYS[3 * i - 1], p)
   g.trim(now)
-  claims[i] = {g = g, give_back = ARGV[a + 6]}
+  local c = {g = g, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[3 * i]}
+  if c.id ~= '' then
+    local kept = redis.call('GET', c.id_key)
+    if kept then
+      local at, pieces = string.match(kept, '^(%-?%d+);(.*)$')
+      c.kept = {at = tonumber(at), pieces = pieces}
+    end
+  end
+  claims[i] = c
 end
 
 -- save writes what changed (each state knows), with a TTL that covers the
@@ -73,20 +88,57 @@ if op == 'block' then
   return reply
 end
 
-for _, c in ipairs(claims) do
-  if c.give_back ~= '' then c.g.give_back(c.give_back) end
+-- forget gives back the turn a claim keeps under its ID, and drops it.
+local function forget(c)
+  if c.kept then
+    c.g.give_back(c.kept.pieces)
+    redis.call('DEL', c.id_key)
+    c.kept = nil
+  end
 end
 
 if op == 'cancel' then
   reply[1] = 1
   for _, c in ipairs(claims) do
+    -- Given back by ID only when kept: giving back twice would free what
+    -- others booked since.
+    if c.id ~= '' then forget(c) elseif c.give_back ~= '' then c.g.give_back(c.give_back) end
     save(c)
     append(reply, 0, 0, 0, '')
   end
   return reply
 end
 
--- book: each claim alone first (its own wait tells the caller which limit
+for _, c in ipairs(claims) do
+  if c.give_back ~= '' then
+    c.g.give_back(c.give_back)
+    -- A turn given back is no longer kept under its ID: it moves.
+    if c.id ~= '' then
+      redis.call('DEL', c.id_key)
+      c.kept = nil
+    end
+  end
+end
+
+-- book: a turn every claim keeps under its ID, at one instant not too long
+-- past, is the booking (the caller is back for it, or asks again after a
+-- lost reply); kept turns that are not are given back.
+local kept_at = claims[1].kept and claims[1].kept.at
+for _, c in ipairs(claims) do
+  if not c.kept or c.kept.at ~= kept_at then kept_at = nil end
+end
+if kept_at and (late < 0 or kept_at >= now - late) then
+  reply[1], reply[3] = 2, kept_at
+  for _, c in ipairs(claims) do
+    local at = math.max(kept_at, now)
+    append(reply, c.g.room(kept_at), 0, at - now + c.g.reset_after(at), c.kept.pieces)
+    save(c)
+  end
+  return reply
+end
+for _, c in ipairs(claims) do forget(c) end
+
+-- Each claim alone first (its own wait tells the caller which limit
 -- refused), then the earliest instant at which all fit: each claim's
 -- earliest turn only moves forward as the instant asked about does.
 local max_wait, exact = tonumber(ARGV[4]), ARGV[5] == '1'
@@ -129,8 +181,12 @@ end
 reply[1] = 1
 for _, c in ipairs(claims) do
   local pieces = c.g.record(at)
-  local room, reset = c.g.room(at), at - now + c.g.reset_after(at)
-  append(reply, room, 0, reset, pieces)
+  append(reply, c.g.room(at), 0, at - now + c.g.reset_after(at), pieces)
   save(c)
+  if c.id ~= '' and at > now then
+    -- Kept until the turn is too late to be given (see late).
+    local life = at - now + math.max(late, 0) + slack
+    redis.call('SET', c.id_key, string.format('%d;', at) .. pieces, 'PX', ceildiv(life, 1000))
+  end
 end
 return reply

@@ -19,6 +19,26 @@ type Claim struct {
 	// claim's turn takes the place of: it is given back in the same atomic
 	// step, whatever the outcome (a turn that moves).
 	Replaces *Reservation
+	// ID, if not empty, names the turn. A turn booked in the future is kept
+	// under its ID on the key until it has passed (by MaxLate); a later Book
+	// whose claims all keep a turn under their IDs, at one instant not
+	// passed by more than MaxLate, gets those turns back and counts
+	// nothing (the caller is back for its turn, or calls again after a
+	// reply was lost); kept turns that are not given back so are dropped
+	// and the claims booked anew. Cancel of such a turn gives it back by ID,
+	// once however often it is called. Up to 1 KiB; longer IDs are hashed.
+	ID string
+}
+
+// BookOption configures one Book.
+type BookOption func(*booker)
+
+// MaxLate sets how long after its instant a turn kept under its ID is still
+// given back to its claim (default 0: until its instant); a claim back
+// later books anew. For callers that act at their turn: a turn used long
+// after its instant would count the event at another time than it happens.
+func MaxLate(d time.Duration) BookOption {
+	return func(b *booker) { b.late = max(0, d.Microseconds()) }
 }
 
 // Booking is the answer to Book.
@@ -29,6 +49,9 @@ type Claim struct {
 type Booking struct {
 	// OK: every claim's events are counted at At. Not OK: none are.
 	OK bool
+	// Kept: the turns are those the claims kept under their IDs (see
+	// Claim.ID), counted before; this Book counted nothing.
+	Kept bool
 	// At is when the events are counted, on the limiters' clock.
 	At time.Time
 	// Delay is, when OK, how long from now until At; when not OK, how long
@@ -60,7 +83,7 @@ type Booking struct {
 // (WithOnRedisError): deny fails the Book with an error that wraps
 // ErrRedisDenied; allow lets the claim through uncounted; local books it on
 // an in-process twin of its limit.
-func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time.Duration) (Booking, error) {
+func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time.Duration, opts ...BookOption) (Booking, error) {
 	if maxWait < 0 {
 		return Booking{}, fmt.Errorf("%w: maxWait must be >= 0, got %v", ErrInvalidCost, maxWait)
 	}
@@ -73,6 +96,9 @@ func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time
 		wait = min(wait, p.lim.compiled().horizon)
 	}
 	b := &booker{parts: parts, notBefore: unixMicros(notBefore), maxWait: wait}
+	for _, opt := range opts {
+		opt(b)
+	}
 	return b.book(ctx)
 }
 
@@ -106,6 +132,7 @@ type part struct {
 	n        int64
 	fallback string // the failure policy that decides it, or ""
 	replaces string // the pieces of the turn it replaces, or ""
+	id       string // its turn's ID, or ""
 }
 
 // step is one operation on the parts of one site, and once run, its
@@ -116,6 +143,7 @@ type step struct {
 	notBefore int64    // book: µs; block: the block's length
 	maxWait   int64    // book
 	exact     bool     // book
+	late      int64    // book: see MaxLate
 	giveBack  []string // per part, or nil
 	out       algorithms.Booking
 }
@@ -138,7 +166,10 @@ func partsOf(claims []Claim) ([]*part, error) {
 				return nil, fmt.Errorf("%w: claims %d and %d are on the same key %q of one limiter: make them one claim", ErrInvalidCost, p.claim, i, c.Key)
 			}
 		}
-		parts[i] = &part{claim: i, lim: lim, key: c.Key, n: int64(c.N)}
+		if len(c.ID) > maxID {
+			return nil, fmt.Errorf("%w: claim %d: ID is %d bytes, at most %d", ErrInvalidCost, i, len(c.ID), maxID)
+		}
+		parts[i] = &part{claim: i, lim: lim, key: c.Key, n: int64(c.N), id: c.ID}
 		if r := c.Replaces; r != nil && r.OK && r.Fallback == "" {
 			parts[i].replaces = lim.compiled().piecesOf(*r)
 		}
@@ -190,7 +221,7 @@ func (g *group) run(ctx context.Context, s *step) error {
 			p.fallback = OnRedisErrorAllow
 			g.allowed = append(g.allowed, p)
 		case OnRedisErrorLocal:
-			twins = append(twins, &part{claim: p.claim, lim: twin, key: p.key, n: p.n, fallback: OnRedisErrorLocal})
+			twins = append(twins, &part{claim: p.claim, lim: twin, key: p.key, n: p.n, fallback: OnRedisErrorLocal, id: p.id})
 		default:
 			return fmt.Errorf("%w: %w", ErrRedisDenied, err)
 		}
@@ -212,8 +243,12 @@ type booker struct {
 	parts     []*part
 	notBefore int64
 	maxWait   int64
+	late      int64
 	started   time.Time
 }
+
+// maxID bounds Claim.ID: it becomes part of a key.
+const maxID = 1024
 
 // maxRounds bounds the rounds in which slots that disagree move their
 // turns to one instant; each round moves the instant on.
@@ -223,7 +258,7 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 	b.started = time.Now()
 	groups := groupsOf(b.parts)
 	first := func(g *group) *step {
-		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait}
+		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait, late: b.late}
 		for _, p := range g.parts {
 			if p.replaces != "" {
 				s.giveBack = make([]string, len(g.parts))
@@ -260,7 +295,7 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 			if g.held && b.together(g.at, at) {
 				return nil
 			}
-			s := &step{op: algorithms.OpBook, notBefore: at, maxWait: b.maxWait, exact: true}
+			s := &step{op: algorithms.OpBook, notBefore: at, maxWait: b.maxWait, exact: true, late: b.late}
 			if g.held {
 				s.giveBack = g.pieces
 			}
@@ -388,13 +423,20 @@ func (b *booker) success(groups []*group, at int64) Booking {
 		at = max(now, b.notBefore)
 	}
 	bk := Booking{OK: true, At: time.UnixMicro(at), Delay: micros(max(0, at-now)), Turns: make([]Reservation, len(b.parts))}
+	decided, kept := false, true
+	for _, g := range groups {
+		if len(g.parts) > 0 {
+			decided, kept = true, kept && g.out.Kept
+		}
+	}
+	bk.Kept = decided && kept
 	for _, g := range groups {
 		for i, p := range g.parts {
 			c := g.out.Claims[i]
 			bk.Turns[p.claim] = Reservation{
 				OK: true, Delay: bk.Delay, At: bk.At, N: int(p.n),
 				Remaining: int(c.Remaining), ResetAfter: micros(c.ResetAfter),
-				Fallback: p.fallback, pieces: c.Pieces,
+				Fallback: p.fallback, ID: p.id, kept: p.id != "" && at > g.out.Now-b.late, pieces: c.Pieces,
 			}
 		}
 		for _, p := range g.allowed {

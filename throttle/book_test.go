@@ -326,3 +326,64 @@ func TestReservationText(t *testing.T) {
 		})
 	}
 }
+
+// TestBookByID: a turn booked ahead under IDs is given back to the same IDs
+// without counting again (a task back for its turn, a call repeated after
+// its reply was lost), until it has passed by MaxLate; then the claims book
+// anew and the old turn is given back. Cancel by ID gives a turn back once
+// however often it is called.
+func TestBookByID(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			quota := mustNew(t, e, quotaSpec, clock, "quota")
+			claims := func(id string) []throttle.Claim {
+				return []throttle.Claim{{Limiter: drain, Key: "q", N: 1, ID: id}, {Limiter: quota, Key: "api", N: 1, ID: id}}
+			}
+			late := throttle.MaxLate(100 * ms)
+			book(t, claims(""), time.Time{}, time.Second) // now
+			first := book(t, claims("task-1"), time.Time{}, time.Second)
+			if !first.OK || first.Kept || first.Delay != 40*ms {
+				t.Fatalf("first booking of task-1 = %+v; want OK at +40ms, counted", first)
+			}
+			backAt := func(at time.Duration) {
+				t.Helper()
+				clock.Set(t0.Add(at))
+				again, err := throttle.Book(context.Background(), claims("task-1"), time.Time{}, time.Second, late)
+				if err != nil || !again.OK || !again.Kept || !again.At.Equal(first.At) {
+					t.Fatalf("task-1 back at +%v = %+v, %v; want its kept turn at +40ms, nothing counted", at, again, err)
+				}
+			}
+			backAt(0)
+			if next := book(t, claims("task-2"), time.Time{}, time.Second); !next.At.Equal(t0.Add(80 * ms)) {
+				t.Fatalf("task-2 = %+v; want +80ms: task-1's return counted nothing", next)
+			}
+			backAt(40 * ms)
+			backAt(140 * ms)
+			// Back more than MaxLate after its turn: booked anew, and the old
+			// turn given back.
+			clock.Set(t0.Add(141 * ms))
+			anew, err := throttle.Book(context.Background(), claims("task-1"), time.Time{}, time.Second, late)
+			if err != nil || !anew.OK || anew.Kept || !anew.At.Equal(t0.Add(141*ms)) {
+				t.Fatalf("task-1 back 101ms late = %+v, %v; want a new turn now", anew, err)
+			}
+			// Cancel by ID, twice: the turn is given back once.
+			clock.Set(t0.Add(150 * ms))
+			later := book(t, claims("task-3"), time.Time{}, time.Second) // at 181ms
+			for range 2 {
+				for i, lim := range []throttle.Limiter{drain, quota} {
+					if err := lim.(throttle.Reserver).Cancel(context.Background(), claims("")[i].Key, later.Turns[i]); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			next := book(t, claims(""), time.Time{}, time.Second)
+			after := book(t, claims(""), time.Time{}, time.Second)
+			if !next.At.Equal(later.At) || !after.At.Equal(later.At.Add(40*ms)) {
+				t.Fatalf("after task-3's turn at %v was cancelled twice: turns at %v and %v; want it once, then 40ms later",
+					later.At.Sub(t0), next.At.Sub(t0), after.At.Sub(t0))
+			}
+		})
+	}
+}

@@ -33,6 +33,13 @@ func auxKey(stateKey string) string {
 	return stateKey + ":b"
 }
 
+// keptKey holds the turn kept under id on a state's key: after the hash
+// tag, so in the state's slot, with id escaped as a tag is (no input can
+// reach another key).
+func keptKey(stateKey, id string) string {
+	return stateKey + ":t:" + hashTag(id)
+}
+
 func hashTag(key string) string {
 	if key == "" {
 		return "%"

@@ -45,6 +45,13 @@ type localEntry struct {
 	state   algorithms.State
 	blocked int64 // µs until which nothing is counted
 	expires int64 // µs
+	kept    map[string]keptTurn
+}
+
+// keptTurn is a turn kept under its ID (Claim.ID) until until (µs).
+type keptTurn struct {
+	algorithms.Kept
+	until int64
 }
 
 var nextLocalID struct {
@@ -121,6 +128,21 @@ func (s *localShard) sweep(now int64) {
 	s.sweepAt = max(1024, 2*len(s.entries))
 }
 
+// keep applies what a step did at now to the turn kept under id: keeps the
+// turn at at until past it by late (µs; rounded up to the ms, as Redis
+// keeps it), or forgets it.
+func keep(e *localEntry, id string, now, at int64, c algorithms.Counted, late int64) {
+	if c.Forget {
+		delete(e.kept, id)
+	}
+	if c.Keep {
+		if e.kept == nil {
+			e.kept = map[string]keptTurn{}
+		}
+		e.kept[id] = keptTurn{algorithms.Kept{At: at, Pieces: c.Pieces}, now + (at-now+max(late, 0)+999)/1000*1000}
+	}
+}
+
 // localSite decides the claims of local limiters, under the locks of their
 // keys' shards, taken in one order so that callers never deadlock.
 type localSite struct{}
@@ -152,9 +174,12 @@ func (localSite) run(_ context.Context, st *step) error {
 	for i, p := range st.parts {
 		l := p.lim.(*localLimiter)
 		entries[i] = l.shard(p.key).entry(p.key, l.spec.algorithm)
-		claims[i] = algorithms.Claim{State: entries[i].state, Params: l.spec.params, Blocked: entries[i].blocked, N: p.n}
+		claims[i] = algorithms.Claim{State: entries[i].state, Params: l.spec.params, Blocked: entries[i].blocked, N: p.n, ID: p.id}
 		if st.giveBack != nil {
 			claims[i].GiveBack = st.giveBack[i]
+		}
+		if k, ok := entries[i].kept[p.id]; ok && p.id != "" && k.until > now {
+			claims[i].Kept = &algorithms.Kept{At: k.At, Pieces: k.Pieces}
 		}
 	}
 	switch st.op {
@@ -171,21 +196,37 @@ func (localSite) run(_ context.Context, st *step) error {
 		}
 		st.out = algorithms.Booking{OK: true, Now: now, At: until, Claims: make([]algorithms.Counted, len(claims))}
 	case algorithms.OpCancel:
-		for _, c := range claims {
-			c.State.Trim(c.Params, now)
-			c.State.GiveBack(c.Params, c.GiveBack, c.N)
-		}
 		st.out = algorithms.Booking{OK: true, Now: now, At: now, Claims: make([]algorithms.Counted, len(claims))}
+		for i, c := range claims {
+			c.State.Trim(c.Params, now)
+			switch {
+			case c.ID != "" && c.Kept != nil:
+				c.State.GiveBack(c.Params, c.Kept.Pieces, c.N)
+				st.out.Claims[i].Forget = true
+			case c.ID == "" && c.GiveBack != "":
+				c.State.GiveBack(c.Params, c.GiveBack, c.N)
+			}
+		}
 	default:
-		st.out = algorithms.Book(claims, now, st.notBefore, st.maxWait, st.exact)
+		st.out = algorithms.Book(claims, now, st.notBefore, st.maxWait, st.exact, st.late)
 	}
 	for i, p := range st.parts {
 		l := p.lim.(*localLimiter)
 		e, c := entries[i], claims[i]
+		if i < len(st.out.Claims) {
+			keep(e, p.id, now, st.out.At, st.out.Claims[i], max(st.late, 0)+l.slack)
+		}
 		// The entry lives as long as the script would let its key live
-		// (the script sets the TTL on every call).
+		// (the script sets the TTL on every call), and its kept turns.
 		sh := l.shard(p.key)
 		life := max(c.State.ResetAfter(c.Params, now), e.blocked-now, 0) + l.slack
+		for id, k := range e.kept {
+			if k.until <= now {
+				delete(e.kept, id)
+			} else {
+				life = max(life, k.until-now)
+			}
+		}
 		if life > 0 {
 			e.expires = now + life
 			sh.entries[p.key] = e

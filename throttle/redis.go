@@ -87,14 +87,15 @@ type redisSite struct {
 
 func (s redisSite) run(ctx context.Context, st *step) error {
 	first := st.parts[0].lim.(*redisLimiter)
-	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, MaxWait: st.maxWait, Exact: st.exact}
+	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, MaxWait: st.maxWait, Exact: st.exact, Late: st.late}
 	if first.clock != nil {
 		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}
 	for i, p := range st.parts {
 		l := p.lim.(*redisLimiter)
 		state := redisKey(l.prefix, p.key)
-		c := algorithms.OpClaim{Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: p.n}
+		c := algorithms.OpClaim{Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: p.n,
+			ID: p.id, KeptKey: keptKey(state, p.id)}
 		if st.giveBack != nil {
 			c.GiveBack = st.giveBack[i]
 		}

@@ -71,8 +71,11 @@ type Reservation struct {
 	// Fallback is the failure policy that decided the reservation because
 	// Redis failed (OnRedisErrorAllow or OnRedisErrorLocal), or "".
 	Fallback string
+	// ID is the claim's ID (see Claim.ID), or "".
+	ID string
 
-	pieces string // what Cancel gives back
+	kept   bool   // the turn is kept under ID: Cancel gives it back by ID
+	pieces string // what Cancel gives back otherwise
 }
 
 // AsReserver returns lim as a Reserver, if it is one.
@@ -101,7 +104,12 @@ func (r Reservation) MarshalText() ([]byte, error) {
 	if !r.OK {
 		return nil, errors.New("throttle: a reservation that is not OK holds no turn to keep")
 	}
-	return fmt.Appendf(nil, "%d;%d;%s;%s", r.At.UnixMicro(), r.N, r.Fallback, r.pieces), nil
+	kept := 0
+	if r.kept {
+		kept = 1
+	}
+	// The ID goes last: it may hold anything, ';' included.
+	return fmt.Appendf(nil, "%d;%d;%s;%d;%s;%s", r.At.UnixMicro(), r.N, r.Fallback, kept, r.pieces, r.ID), nil
 }
 
 // UnmarshalText decodes what MarshalText wrote, checking every field: the
@@ -111,9 +119,9 @@ func (r *Reservation) UnmarshalText(text []byte) error {
 	if len(text) > maxTurnText {
 		return bad(fmt.Sprintf("longer than %d bytes", maxTurnText))
 	}
-	fields := strings.SplitN(string(text), ";", 4)
-	if len(fields) != 4 {
-		return bad("want at;n;fallback;pieces")
+	fields := strings.SplitN(string(text), ";", 6)
+	if len(fields) != 6 {
+		return bad("want at;n;fallback;kept;pieces;id")
 	}
 	at, err := strconv.ParseInt(fields[0], 10, 64)
 	if err != nil || at <= 0 || at >= algorithms.MaxExact {
@@ -128,12 +136,18 @@ func (r *Reservation) UnmarshalText(text []byte) error {
 	default:
 		return bad("unknown fallback")
 	}
-	for _, f := range strings.Fields(fields[3]) {
+	if fields[3] != "0" && fields[3] != "1" {
+		return bad("kept must be 0 or 1")
+	}
+	for _, f := range strings.Fields(fields[4]) {
 		if v, err := strconv.ParseInt(f, 10, 64); err != nil || v <= -algorithms.MaxExact || v >= algorithms.MaxExact {
 			return bad("pieces must be integers below 2^53")
 		}
 	}
-	*r = Reservation{OK: true, At: time.UnixMicro(at), N: n, Fallback: fields[2], pieces: fields[3]}
+	if len(fields[5]) > maxID {
+		return bad(fmt.Sprintf("the ID is longer than %d bytes", maxID))
+	}
+	*r = Reservation{OK: true, At: time.UnixMicro(at), N: n, Fallback: fields[2], kept: fields[3] == "1", pieces: fields[4], ID: fields[5]}
 	return nil
 }
 
@@ -187,7 +201,7 @@ func (b *base) Cancel(ctx context.Context, key string, r Reservation) error {
 		return err
 	}
 	pieces := b.spec.piecesOf(r)
-	if pieces == "" {
+	if pieces == "" && !r.kept {
 		return fmt.Errorf("%w: Cancel of a bucket's reservation needs the Reservation its call returned (or its text)", ErrInvalidCost)
 	}
 	lim := b.self
@@ -197,8 +211,13 @@ func (b *base) Cancel(ctx context.Context, key string, r Reservation) error {
 	case OnRedisErrorLocal:
 		_, lim = b.self.policy()
 	}
+	g := &group{site: lim.site(key), parts: []*part{{lim: lim, key: key, n: int64(r.N)}}}
 	s := &step{op: algorithms.OpCancel, giveBack: []string{pieces}}
-	return runOne(ctx, lim, key, r.N, s)
+	if r.kept {
+		// By ID: given back once, however often Cancel is called.
+		g.parts[0].id, s.giveBack = r.ID, []string{""}
+	}
+	return g.run(ctx, s)
 }
 
 // Block implements Reserver.
