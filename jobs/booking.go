@@ -11,47 +11,49 @@ import (
 )
 
 // lateTolerance is how long after its instant a turn may still be used. A
-// turn used later than that (the queue was paused, the fleet down, the
-// task stuck behind others) is booked again: else a backlog of old turns
-// would run as one burst.
+// task back for its turn later than that (the queue was paused, the fleet
+// down, the task stuck behind others) books again: else a backlog of old
+// turns would run as one burst.
 const lateTolerance = 100 * time.Millisecond
 
 // booking is what a task's gates gave it.
 type booking struct {
-	turns []heldTurn // every turn the task holds, to carry if it goes back to Redis
-	ready time.Time  // on our clock: when its turns come (zero: it has no gates)
-	// askAt, if not zero, is when (on our clock) to ask the gates again:
-	// no turn within worker.reserve_max, or a gate could not be asked.
-	askAt time.Time
+	gates []*gate
+	turns []throttle.Reservation // one per gate: given back if the task will not use them
+	ready time.Time              // on our clock: when its turns come (zero: it has no gates)
+	// askIn, if > 0, is how soon to ask the gates again: no turn within
+	// worker.reserve_max, or Redis could not decide.
+	askIn time.Duration
+}
+
+// bookingID names a task's turns in the limiters: the same for the task
+// and for the copies it may go back to Redis as, so that a task back for
+// its turns gets them (throttle.Claim.ID).
+func bookingID(queue, id string, t *asynq.Task) string {
+	if origin := t.Headers()[headerOrigin]; origin != "" {
+		id = origin
+	}
+	return queue + "/" + id
 }
 
 // book gives the task one turn on all its rate gates at once: the earliest
-// instant at which every one of them admits it (throttle.Book). Turns the
-// task already holds (it went back to Redis to wait for them) are used
-// without asking again, unless a gate changed since or the turn has
-// passed; then it books anew, and what it held is given back in the same
-// step.
-func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue string, t *asynq.Task) (booking, error) {
+// instant at which every one of them admits it (throttle.Book). A task back
+// for turns it booked before gets them under its booking ID, counting
+// nothing; back too late for them, or after a gate changed, it books anew
+// and what it held is given back, in the same step.
+func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task) (booking, error) {
 	gates := gs.gatesOf(queue, t.Type())
 	if len(gates) == 0 {
 		return booking{}, nil
 	}
-	held := readTurns(t.Headers())
-	if b, ok := s.heldBooking(ctx, gates, held); ok {
-		return b, nil
-	}
-	now := s.clock.Now()
-	cost := gs.cost(t.Type())
+	cost, bid := gs.cost(t.Type()), bookingID(queue, id, t)
 	claims := make([]throttle.Claim, len(gates))
 	for i, g := range gates {
-		claims[i] = throttle.Claim{Limiter: g.lim, Key: g.key, N: cost}
-		if h, ok := held[g.tag]; ok {
-			claims[i].Replaces = &h.Turn
-		}
+		claims[i] = throttle.Claim{Limiter: g.lim, Key: g.key, N: cost, ID: bid}
 	}
 	s.metrics.bookings.WithLabelValues(queue).Inc()
 	start := time.Now()
-	bk, err := throttle.Book(ctx, claims, time.Time{}, gs.cfg.Worker.ReserveMax)
+	bk, err := throttle.Book(ctx, claims, time.Time{}, gs.cfg.Worker.ReserveMax, throttle.MaxLate(lateTolerance))
 	elapsed := time.Since(start).Seconds()
 	for _, g := range gates {
 		s.metrics.evaluations.WithLabelValues(g.name).Inc()
@@ -66,7 +68,7 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue string, t *asyn
 			}
 		}
 		s.logRedisError(queue, err)
-		return booking{askAt: now.Add(redisRetry)}, nil
+		return booking{askIn: redisRetry}, nil
 	}
 	if err != nil {
 		return booking{}, err
@@ -86,71 +88,36 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue string, t *asyn
 			}
 		}
 		s.metrics.decisions.WithLabelValues(gates[refused].name, "deferred").Inc()
-		return booking{askAt: now.Add(max(bk.Delay-gs.cfg.Worker.ReserveMax, 0) + time.Second)}, nil
+		return booking{askIn: max(bk.Delay-gs.cfg.Worker.ReserveMax, 0) + time.Second}, nil
 	}
+	result := "now"
+	switch {
+	case bk.Kept:
+		result = "held"
+	case bk.Delay > 0:
+		result = "reserved"
+	}
+	for i, g := range gates {
+		s.metrics.decisions.WithLabelValues(g.name, result).Inc()
+		if !bk.Kept {
+			s.metrics.remaining.WithLabelValues(g.name).Set(float64(bk.Turns[i].Remaining))
+		}
+	}
+	s.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay, "kept", bk.Kept)
 	// The wait is the script's own, from when its answer came: no clock but
 	// Redis's is involved (the answer's way back makes it a little late,
 	// never early).
-	b := booking{ready: s.clock.Now().Add(bk.Delay)}
-	s.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay)
-	for i, g := range gates {
-		result := "now"
-		if bk.Delay > 0 {
-			result = "reserved"
-		}
-		s.metrics.decisions.WithLabelValues(g.name, result).Inc()
-		s.metrics.remaining.WithLabelValues(g.name).Set(float64(bk.Turns[i].Remaining))
-		b.turns = append(b.turns, heldTurn{Gate: g.tag, Turn: bk.Turns[i]})
-	}
-	return b, nil
-}
-
-// heldBooking is the booking of a task that holds a turn on every one of
-// its gates, at one instant that has not passed by more than lateTolerance.
-func (s *Scheduler) heldBooking(ctx context.Context, gates []*gate, held map[string]heldTurn) (booking, bool) {
-	if len(held) != len(gates) {
-		return booking{}, false
-	}
-	// A turn held is an instant on Redis's clock: wait until we know how
-	// ours differs.
-	select {
-	case <-s.clockKnown:
-	case <-ctx.Done():
-		return booking{}, false
-	}
-	now := s.clock.Now()
-	var b booking
-	for _, g := range gates {
-		h, ok := held[g.tag]
-		if !ok || (len(b.turns) > 0 && !h.Turn.At.Equal(b.turns[0].Turn.At)) {
-			return booking{}, false
-		}
-		b.turns = append(b.turns, h)
-	}
-	b.ready = s.local(b.turns[0].Turn.At)
-	if now.Sub(b.ready) > lateTolerance {
-		s.metrics.lateTurns.Inc()
-		return booking{}, false
-	}
-	for _, g := range gates {
-		s.metrics.decisions.WithLabelValues(g.name, "held").Inc()
-	}
-	return b, true
+	return booking{gates: gates, turns: bk.Turns, ready: s.clock.Now().Add(bk.Delay)}, nil
 }
 
 // giveBack gives back the turns of a task that will not use them, so that
 // another task may.
-func (s *Scheduler) giveBack(ctx context.Context, gs *gateSet, queue, typ string, turns []heldTurn) {
+func (s *Scheduler) giveBack(ctx context.Context, b booking) {
 	ctx = context.WithoutCancel(ctx)
-	for _, g := range gs.gatesOf(queue, typ) {
-		for _, h := range turns {
-			if h.Gate != g.tag {
-				continue
-			}
-			s.metrics.evaluations.WithLabelValues(g.name).Inc()
-			if err := g.lim.Cancel(ctx, g.key, h.Turn); err != nil {
-				s.log.Warn("cannot give back a turn; it is lost", "gate", g.name, "err", err)
-			}
+	for i, g := range b.gates {
+		s.metrics.evaluations.WithLabelValues(g.name).Inc()
+		if err := g.lim.Cancel(ctx, g.key, b.turns[i]); err != nil {
+			s.log.Warn("cannot give back a turn; it is lost", "gate", g.name, "err", err)
 		}
 	}
 }

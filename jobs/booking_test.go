@@ -30,6 +30,7 @@ type bookingFixture struct {
 	clock  *testkit.Clock
 	queue  string
 	quotas []string
+	tasks  int // booked by readyTimes
 }
 
 // limit is a quota or drain spec for the fixtures.
@@ -61,27 +62,28 @@ func newBookingFixture(t *testing.T, rdb redis.UniversalClient, drain LimitConfi
 	return f
 }
 
-// book books a task of test:call carrying headers.
-func (f *bookingFixture) book(t *testing.T, headers map[string]string) booking {
+// book books task id of test:call.
+func (f *bookingFixture) book(t *testing.T, id string) booking {
 	t.Helper()
-	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, asynq.NewTaskWithHeaders("test:call", nil, headers))
+	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil))
 	if err != nil {
 		t.Fatalf("book: %v", err)
 	}
 	return b
 }
 
-// readyTimes books n tasks and returns when each may run, from t0.
+// readyTimes books n new tasks and returns when each may run, from t0.
 func (f *bookingFixture) readyTimes(t *testing.T, n int) []time.Duration {
 	t.Helper()
 	var got []time.Duration
 	for range n {
-		b := f.book(t, nil)
-		if !b.askAt.IsZero() {
-			t.Fatalf("booking deferred to %v", b.askAt.Sub(t0))
+		f.tasks++
+		b := f.book(t, fmt.Sprint("task-", f.tasks))
+		if b.askIn > 0 {
+			t.Fatalf("booking deferred by %v", b.askIn)
 		}
-		for _, h := range b.turns {
-			if !h.Turn.At.Equal(b.ready) {
+		for _, turn := range b.turns {
+			if !turn.At.Equal(b.ready) {
 				t.Fatalf("turns %+v not all at the task's instant %v", b.turns, b.ready.Sub(t0))
 			}
 		}
@@ -126,8 +128,8 @@ func TestBookRedisFails(t *testing.T) {
 	t.Cleanup(func() { dead.Close() })
 	t.Run("deny: ask again in a second, from Redis", func(t *testing.T) {
 		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
-		if b := f.book(t, nil); !b.askAt.Equal(t0.Add(redisRetry)) || len(b.turns) != 0 {
-			t.Fatalf("booking = %+v, want to ask again at +%v with no turn", b, redisRetry)
+		if b := f.book(t, "t"); b.askIn != redisRetry || len(b.turns) != 0 {
+			t.Fatalf("booking = %+v, want to ask again in %v with no turn", b, redisRetry)
 		}
 	})
 	t.Run("allow: run now", func(t *testing.T) {
@@ -144,7 +146,7 @@ func TestBookRedisFails(t *testing.T) {
 	})
 	t.Run("one gate denies, the other allows: ask again", func(t *testing.T) {
 		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "allow"), limit("token_bucket", 10, 5, "deny"))
-		if b := f.book(t, nil); b.askAt.IsZero() {
+		if b := f.book(t, "t"); b.askIn == 0 {
 			t.Fatalf("booking = %+v, want to ask again: the quota's policy is deny", b)
 		}
 	})
@@ -154,56 +156,75 @@ func TestBookRedisFails(t *testing.T) {
 // the next task gets it.
 func TestTurnGivenBack(t *testing.T) {
 	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 25, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
-	first, second := f.book(t, nil), f.book(t, nil)
-	f.s.giveBack(context.Background(), f.s.gates.Load(), f.queue, "test:call", first.turns)
-	if third := f.book(t, nil); !third.ready.Equal(first.ready) {
+	first, second := f.book(t, "first"), f.book(t, "second")
+	f.s.giveBack(context.Background(), first)
+	if third := f.book(t, "third"); !third.ready.Equal(first.ready) {
 		t.Fatalf("after the first turn (%v) was given back, the next task got %v (the second holds %v)",
 			first.ready.Sub(t0), third.ready.Sub(t0), second.ready.Sub(t0))
 	}
 }
 
-// TestHeldTurns: a task that comes back for its turns uses them without a
-// limiter call; turns it comes back for too late, or booked under a limit
-// that changed since, are booked again, and what it held is given back.
-func TestHeldTurns(t *testing.T) {
+// TestTaskBackForItsTurn: a task back from Redis for its turn gets it
+// (booked under its ID), counting nothing; a copy of it too (its origin
+// names it); back later than lateTolerance, or after a gate changed, it
+// books anew, and what it held goes to the next task.
+func TestTaskBackForItsTurn(t *testing.T) {
 	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 25, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
-	for range 5 {
-		f.book(t, nil) // turns at 0 to 160ms
+	f.readyTimes(t, 5) // turns at 0 to 160ms
+	waiting := f.book(t, "waiting")
+	if want := t0.Add(200 * ms); !waiting.ready.Equal(want) {
+		t.Fatalf("waiting task ready at %v, want %v", waiting.ready.Sub(t0), want.Sub(t0))
 	}
-	waiting := f.book(t, nil) // at 200ms
-	headers := map[string]string{headerTurns: writeTurns(waiting.turns)}
-	calls := func() float64 { return testutil.ToFloat64(f.s.metrics.bookings) }
-
-	before := calls()
-	if b := f.book(t, headers); !b.ready.Equal(waiting.ready) || calls() != before {
-		t.Fatalf("a task back for its turn at %v got %v, with %v limiter calls; want its turn, no call", waiting.ready.Sub(t0), b.ready.Sub(t0), calls()-before)
+	back := func(id string, headers map[string]string) booking {
+		t.Helper()
+		b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	f.clock.Set(t0.Add(150 * ms))
+	if b := back("waiting", nil); !b.ready.Equal(waiting.ready) {
+		t.Fatalf("task back for its turn at +200ms got %v", b.ready.Sub(t0))
+	}
+	if b := back("waiting~1", map[string]string{headerOrigin: "waiting", headerHop: "1"}); !b.ready.Equal(waiting.ready) {
+		t.Fatalf("its copy back for the turn at +200ms got %v", b.ready.Sub(t0))
+	}
+	if got := testutil.ToFloat64(f.s.metrics.decisions.WithLabelValues(f.s.gates.Load().drains[f.queue].name, "held")); got != 2 {
+		t.Fatalf("%v decisions held, want the 2 returns", got)
 	}
 
 	f.clock.Set(t0.Add(200*ms + lateTolerance + ms))
-	late := f.book(t, headers)
-	if !late.ready.Equal(f.clock.Now()) {
+	if late := back("waiting", nil); !late.ready.Equal(f.clock.Now()) {
 		t.Fatalf("a task back %v after its turn got %v; want a new turn, now", lateTolerance+ms, late.ready.Sub(t0))
 	}
 
-	// The quota changes while a task waits for its turn: it books anew, and
-	// the drain's turn it held goes to the next task.
+	// The quota changes while a task waits for its turn: back, it gives back
+	// the drain turn it held and books anew on both gates in one step, which
+	// gives it the same drain turn again, now with the new quota's turn.
 	f.clock.Set(t0.Add(time.Second))
-	held := f.book(t, nil)
-	next := f.book(t, nil)
+	f.book(t, "now")
+	held := f.book(t, "held") // 40ms ahead: kept under its ID
 	cfg := f.s.Config()
 	cfg.Quotas[f.quotas[0]] = limit("token_bucket", 20, 5, "deny")
 	if err := f.s.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
-	rebooked := f.book(t, map[string]string{headerTurns: writeTurns(held.turns)})
+	next := f.book(t, "next")
+	if !next.ready.Equal(held.ready.Add(40 * ms)) {
+		t.Fatalf("next task at %v; want 40ms after the held one's drain turn %v", next.ready.Sub(t0), held.ready.Sub(t0))
+	}
+	rebooked := back("held", nil)
+	if !rebooked.ready.Equal(held.ready) {
+		t.Fatalf("the held task rebooked under the new quota at %v; want its drain turn %v again", rebooked.ready.Sub(t0), held.ready.Sub(t0))
+	}
 	gs := f.s.gates.Load()
 	for i, g := range gs.gatesOf(f.queue, "test:call") {
-		if rebooked.turns[i].Gate != g.tag {
-			t.Fatalf("rebooked turn %d is for %q, want the gate in force, %q", i, rebooked.turns[i].Gate, g.tag)
+		if rebooked.gates[i] != g {
+			t.Fatalf("rebooked on gate %q, want the gate in force %q", rebooked.gates[i].tag, g.tag)
 		}
 	}
-	if !rebooked.ready.Equal(held.ready) {
-		t.Fatalf("task rebooked under the new quota at %v; want the drain turn it gave back, %v (the next task holds %v)",
-			rebooked.ready.Sub(t0), held.ready.Sub(t0), next.ready.Sub(t0))
+	if again := f.book(t, "again"); !again.ready.Equal(next.ready.Add(40 * ms)) {
+		t.Fatalf("a new task at %v; want after the others, %v", again.ready.Sub(t0), next.ready.Add(40*ms).Sub(t0))
 	}
 }

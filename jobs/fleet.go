@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,37 +27,23 @@ func (s *Scheduler) rebook(ctx context.Context, gs *gateSet, stale []string) {
 	}
 	moved := 0
 	for queue := range gs.cfg.Queues {
-		// List first, then move: moving while paging would shift the pages.
-		var ids []string
-		for page := 1; ; page++ {
-			tasks, err := s.inspector.ListScheduledTasks(queue, asynq.PageSize(500), asynq.Page(page))
-			if err != nil {
-				s.log.Warn("cannot bring forward tasks booked at an old rate", "queue", queue, "err", err)
-				break
-			}
-			for _, t := range tasks {
-				turns := readTurns(t.Headers)
-				if slices.ContainsFunc(stale, func(tag string) bool { _, ok := turns[tag]; return ok }) {
-					ids = append(ids, t.ID)
-				}
-			}
-			if len(tasks) < 500 {
-				break
-			}
+		// Every task that waits in Redis for a turn is in its queue's wake
+		// set; a changed quota may be any type's, in any queue.
+		n, err := wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, s.scriptNow(), "rush").Int()
+		if err != nil {
+			s.log.Warn("cannot bring forward tasks booked at an old rate", "queue", queue, "err", err)
+			continue
 		}
-		for _, id := range ids {
-			if s.inspector.RunTask(queue, id) == nil {
-				moved++
-			}
-		}
+		moved += n
 	}
 	s.log.Info("limits changed: tasks booked at the old rate book again", "gates", stale, "tasks", moved)
 }
 
 // Run keeps the Scheduler's view of the fleet fresh until ctx ends: the
-// offset of Redis's clock from ours, the number of live workers (for the
-// local policy), the quotas an upstream blocked; and adds this worker's
-// completions to the queues' rates (RecentRate).
+// number of live workers (for the local policy), the quotas an upstream
+// blocked; brings back the tasks that waited in Redis when they are due
+// (wake.go); and adds this worker's completions to the queues' rates
+// (RecentRate).
 func (s *Scheduler) Run(ctx context.Context) {
 	go s.listenForBlocks(ctx)
 	go s.wake(ctx)
@@ -66,7 +51,6 @@ func (s *Scheduler) Run(ctx context.Context) {
 	defer tick.Stop()
 	for i := 0; ; i++ {
 		if i%2 == 0 {
-			s.measureClock(ctx)
 			if servers, err := s.inspector.Servers(); err == nil && len(servers) > 0 {
 				s.workers.Store(int64(len(servers)))
 			}
@@ -162,31 +146,3 @@ func (s *Scheduler) blockedUntil(gs *gateSet, typ string) time.Time {
 	}
 	return until
 }
-
-// measureClock measures how far Redis's clock is from ours: a task that
-// comes back from Redis for its turn knows only the turn's instant on
-// Redis's clock. Of a few TIME calls it keeps the one with the shortest
-// round trip, whose midpoint is surest (the first call on a new
-// connection can take tens of ms, and half of that would be the error).
-// With an injected clock the gates read it too: nothing to measure.
-func (s *Scheduler) measureClock(ctx context.Context) {
-	defer s.clockMeasured.Do(func() { close(s.clockKnown) })
-	if s.injected {
-		return
-	}
-	best := time.Duration(-1)
-	for range clockSamples {
-		before := time.Now()
-		redisNow, err := s.rdb.Time(ctx).Result()
-		if err != nil {
-			return
-		}
-		if rtt := time.Since(before); best < 0 || rtt < best {
-			best = rtt
-			s.offset.Store(int64(redisNow.Sub(before.Add(rtt / 2))))
-		}
-	}
-}
-
-// clockSamples is how many TIME calls measureClock makes.
-const clockSamples = 3

@@ -90,9 +90,6 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	for _, opt := range opts {
 		opt(s)
 	}
-	if s.injected {
-		s.measureClock(context.Background()) // nothing to measure: mark it known
-	}
 	s.workers.Store(1)
 	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
 	cfg = cfg.Defaults()
@@ -172,10 +169,17 @@ func (s *Scheduler) AsynqConfig() asynq.Config {
 		// Neither waiting nor the death of the worker that ran a task is the
 		// task's failure: it is not counted, and it comes back soon.
 		IsFailure: func(err error) bool {
-			return !errors.Is(err, errWaitInRedis) && !errors.Is(err, asynq.ErrLeaseExpired)
+			var wait *waitError
+			return !errors.As(err, &wait) && !errors.Is(err, errWaitInRedis) && !errors.Is(err, asynq.ErrLeaseExpired)
 		},
 		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
-			if errors.Is(err, errWaitInRedis) || errors.Is(err, asynq.ErrLeaseExpired) {
+			var wait *waitError
+			switch {
+			case errors.As(err, &wait):
+				// asynq's own schedule is the fallback: the wake set brings
+				// the task back on time (see wake.go).
+				return wait.wait + wakeLatest
+			case errors.Is(err, errWaitInRedis) || errors.Is(err, asynq.ErrLeaseExpired):
 				return redisRetry
 			}
 			return asynq.DefaultRetryDelayFunc(n, err, t)
@@ -196,39 +200,39 @@ func (s *Scheduler) Middleware(next asynq.Handler) asynq.Handler {
 func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	gs := s.gates.Load()
 	queue, _ := asynq.GetQueueName(ctx)
-	b, err := s.book(ctx, gs, queue, t)
+	id, _ := asynq.GetTaskID(ctx)
+	b, err := s.book(ctx, gs, queue, id, t)
 	if err != nil {
 		return err
 	}
-	if !b.askAt.IsZero() {
-		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
-		return s.requeue(ctx, t, queue, b.askAt, nil)
+	if b.askIn > 0 {
+		return s.waitInRedis(ctx, t, queue, id, b.askIn)
 	}
 	if wait := b.ready.Sub(s.clock.Now()); wait > 0 {
 		if !s.hold(ctx, gs, queue, wait) {
-			s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
-			return s.requeue(ctx, t, queue, b.ready.Add(-requeueLead), b.turns)
+			// Its turns stay kept under its booking ID: back for them just
+			// before they come, it gets them.
+			return s.waitInRedis(ctx, t, queue, id, wait-requeueLead)
 		}
 		if err := ctx.Err(); err != nil {
-			// Shutting down: asynq puts the task back, without its turns.
-			s.giveBack(ctx, gs, queue, t.Type(), b.turns)
+			// Shutting down: asynq puts the task back; its turns go to others.
+			s.giveBack(ctx, b)
 			return err
 		}
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
 	if until := s.blockedUntil(gs, t.Type()); s.clock.Now().Before(until) {
-		s.giveBack(ctx, gs, queue, t.Type(), b.turns)
-		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
-		return s.requeue(ctx, t, queue, until, nil)
+		s.giveBack(ctx, b)
+		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
 	}
 	release, retryIn, err := s.takeSlots(ctx, gs, queue, t)
 	if err != nil {
 		return err
 	}
 	if release == nil {
-		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
-		return s.requeue(ctx, t, queue, s.clock.Now().Add(retryIn), b.turns)
+		s.giveBack(ctx, b)
+		return s.waitInRedis(ctx, t, queue, id, retryIn)
 	}
 	err = next.ProcessTask(ctx, t)
 	release()
@@ -240,7 +244,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	s.done.add(queue)
 	var busy *UpstreamBusyError
 	if errors.As(err, &busy) {
-		return s.upstreamBusy(ctx, gs, queue, t, busy)
+		return s.upstreamBusy(ctx, gs, queue, id, t, busy)
 	}
 	return err
 }
@@ -251,9 +255,4 @@ func (s *Scheduler) logRedisError(queue string, err error) {
 	if d, _ := s.logGate.AllowN(context.Background(), queue, 1); d.Allowed {
 		s.log.Warn("gates cannot reach redis; tasks wait in Redis and ask again (further failures in the next 10s are only counted)", "queue", queue, "err", err)
 	}
-}
-
-// local returns the instant t of Redis's clock on ours.
-func (s *Scheduler) local(t time.Time) time.Time {
-	return t.Add(-time.Duration(s.offset.Load()))
 }

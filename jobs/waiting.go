@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -11,10 +12,25 @@ import (
 	"github.com/hibiken/asynq"
 )
 
+// Task headers of a copy of a task that waits in Redis (see waitInRedis).
+const (
+	headerOrigin = "sluice-origin" // the id of the task as first enqueued
+	headerHop    = "sluice-hop"    // how many times it went back to Redis as a copy
+)
+
 // errWaitInRedis is returned when a task that must wait could not be
 // requeued before its context ended (Redis failed for that long): asynq then
 // retries it without counting a failure, if it has a retry left.
 var errWaitInRedis = errors.New("jobs: task must wait and could not be requeued")
+
+// waitError sends a task back to Redis through asynq's retry path, to be
+// back after wait: the same task, its id and Unique lock kept, its retries
+// untouched (AsynqConfig's IsFailure does not count it).
+type waitError struct{ wait time.Duration }
+
+func (e *waitError) Error() string {
+	return fmt.Sprintf("sluice: waiting %v in Redis for its turn (not a failure)", e.wait.Round(time.Millisecond))
+}
 
 // hold waits in this worker for wait, if the queue may hold one more of
 // this worker's slots; it reports false when the task should rather go
@@ -43,9 +59,28 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 	return true
 }
 
-// requeue sends a copy of the task back to Redis, scheduled for at and
-// carrying its turns, and revokes this one: asynq then deletes it without
-// counting a failure or a retry, whatever its MaxRetry.
+// waitInRedis sends a task that must wait back to Redis, due back in wait
+// (its turns, if it holds any, stay kept under its booking ID in the
+// limiters), and notes when it is due in its queue's wake set. A task with
+// a retry left goes through asynq's retry path: the same task, so its id
+// and Unique lock stay taken while it waits. A task with none left would be
+// archived on that path; it goes back as a copy instead (copyForLater).
+// Either way it is never failed, retried or archived for waiting.
+func (s *Scheduler) waitInRedis(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
+	s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	if retried < maxRetry {
+		if err := s.noteWake(ctx, queue, id, wait); err != nil {
+			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
+		}
+		return &waitError{wait: wait}
+	}
+	return s.requeue(ctx, t, queue, id, wait)
+}
+
+// requeue sends a copy of the task back to Redis, due in wait, and revokes
+// this one: asynq then deletes it without counting a failure or a retry.
 //
 // While Redis cannot take the copy (restarting, loading its data, failing
 // over), requeue tries again, backing off to once a second, for as long as
@@ -53,15 +88,14 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 // and an error would cost it a retry; asynq archives a task that errs with
 // none left, failure or not. The copy's id is fixed, so an attempt that
 // reached Redis unanswered makes the next one a harmless duplicate.
-func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue string, at time.Time, turns []heldTurn) error {
-	id, _ := asynq.GetTaskID(ctx)
+func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
 	giveUp := func(err error, attempts int) error {
 		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "attempts", attempts, "err", err)
 		return fmt.Errorf("%w: %v", errWaitInRedis, err)
 	}
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := s.copyForLater(ctx, t, queue, id, at, turns)
+		err := s.copyForLater(ctx, t, queue, id, wait)
 		if err == nil {
 			if attempt > 1 {
 				s.log.Info("requeued a task that must wait", "queue", queue, "id", id, "attempts", attempt)
@@ -83,15 +117,23 @@ func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue string, at
 	}
 }
 
-// copyForLater enqueues the copy of task id that requeue sends back.
-func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, at time.Time, turns []heldTurn) error {
+// maxCopyIDs bounds the ids copyForLater tries for one copy.
+const maxCopyIDs = 8
+
+// copyForLater enqueues the copy of task id that requeue sends back. Its id
+// is <origin>~<hop>: fixed, so that if this task runs twice (its worker
+// died after making the copy) the second copy is refused. An id taken is
+// the copy already made only if that task is provably it (same type,
+// payload, origin and hop); a producer may have chosen the id, and then the
+// copy takes the next one (<origin>~<hop>~2, ...).
+func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
 	info, err := s.inspector.GetTaskInfo(queue, id)
 	if err != nil {
 		return err
 	}
-	headers := make(map[string]string, len(t.Headers())+3)
-	for k, v := range t.Headers() {
-		headers[k] = v
+	headers := maps.Clone(t.Headers())
+	if headers == nil {
+		headers = map[string]string{}
 	}
 	origin := headers[headerOrigin]
 	if origin == "" {
@@ -101,19 +143,13 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 	hop++
 	headers[headerOrigin] = origin
 	headers[headerHop] = strconv.Itoa(hop)
-	delete(headers, headerTurns)
-	if len(turns) > 0 {
-		headers[headerTurns] = writeTurns(turns)
-	}
+	copied := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
 	opts := []asynq.Option{
 		asynq.Queue(queue),
-		// A deterministic id: if this task runs twice (a worker died after
-		// the copy was made), the second copy is refused as a duplicate.
-		asynq.TaskID(origin + "~" + strconv.Itoa(hop)),
 		asynq.MaxRetry(max(0, info.MaxRetry-info.Retried)),
 		// asynq's own schedule is the fallback: the wake set brings the copy
-		// back at at exactly (see wake.go).
-		asynq.ProcessAt(at.Add(wakeLatest)),
+		// back on time (see wake.go).
+		asynq.ProcessIn(wait + wakeLatest),
 	}
 	if info.Timeout > 0 {
 		opts = append(opts, asynq.Timeout(info.Timeout))
@@ -124,23 +160,44 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 	if info.Retention > 0 {
 		opts = append(opts, asynq.Retention(info.Retention))
 	}
-	copied, err := s.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		return nil // an earlier attempt, or an earlier run of this task, made it
+	for try := 1; try <= maxCopyIDs; try++ {
+		copyID := origin + "~" + strconv.Itoa(hop)
+		if try > 1 {
+			copyID += "~" + strconv.Itoa(try)
+		}
+		_, err := s.client.EnqueueContext(ctx, copied, append(opts, asynq.TaskID(copyID))...)
+		if errors.Is(err, asynq.ErrTaskIDConflict) {
+			if s.isCopy(queue, copyID, copied) {
+				return nil // an earlier attempt, or an earlier run of this task, made it
+			}
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.noteWake(ctx, queue, copyID, wait); err != nil {
+			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", copyID, "err", err)
+		}
+		return nil
 	}
+	return fmt.Errorf("jobs: %d ids for the copy of task %s are taken by other tasks", maxCopyIDs, id)
+}
+
+// isCopy reports whether task id of queue is provably want: the same type,
+// payload and sluice headers.
+func (s *Scheduler) isCopy(queue, id string, want *asynq.Task) bool {
+	info, err := s.inspector.GetTaskInfo(queue, id)
 	if err != nil {
-		return err
+		return false
 	}
-	if err := s.noteWake(ctx, queue, copied.ID, at); err != nil {
-		s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", copied.ID, "err", err)
-	}
-	return nil
+	return info.Type == want.Type() && string(info.Payload) == string(want.Payload()) &&
+		info.Headers[headerOrigin] == want.Headers()[headerOrigin] && info.Headers[headerHop] == want.Headers()[headerHop]
 }
 
 // upstreamBusy blocks every quota of the task's type until the upstream's
 // Retry-After has passed, on every worker, and sends the task back to wait
 // for it: an API that says "not now" has not failed the task.
-func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue string, t *asynq.Task, busy *UpstreamBusyError) error {
+func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, busy *UpstreamBusyError) error {
 	wait := busy.RetryAfter
 	if wait <= 0 {
 		wait = time.Second // no Retry-After: a short pause, then ask the quotas again
@@ -156,5 +213,5 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue string,
 		}
 	}
 	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", wait)
-	return s.requeue(ctx, t, queue, s.clock.Now().Add(wait), nil)
+	return s.waitInRedis(ctx, t, queue, id, wait)
 }

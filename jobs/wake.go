@@ -30,10 +30,17 @@ var wakeScript = redis.NewScript(lua.Wake)
 
 func wakeKey(queue string) string { return throttle.Key("sluice:wake:", queue) }
 
-// noteWake notes that task id of queue is due back at at (our clock).
-func (s *Scheduler) noteWake(ctx context.Context, queue, id string, at time.Time) error {
-	due := s.redisTime(at).UnixMicro()
-	return s.rdb.ZAdd(ctx, wakeKey(queue), redis.Z{Score: float64(due), Member: id}).Err()
+// noteWake notes that task id of queue is due back in wait.
+func (s *Scheduler) noteWake(ctx context.Context, queue, id string, wait time.Duration) error {
+	return wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, s.scriptNow(), "note", id, wait.Microseconds()).Err()
+}
+
+// scriptNow is the clock a script reads: Redis's own, or the injected one.
+func (s *Scheduler) scriptNow() string {
+	if s.injected {
+		return strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
+	}
+	return ""
 }
 
 // wake moves the tasks due back to pending, in every queue, until ctx ends.
@@ -56,11 +63,7 @@ func (s *Scheduler) wake(ctx context.Context) {
 // wakeQueue moves queue's tasks that are due to pending, and returns how
 // soon the next one is due.
 func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	now := ""
-	if s.injected {
-		now = strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
-	}
-	reply, err := wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, now, wakeBatch).Slice()
+	reply, err := wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, s.scriptNow(), "take", wakeBatch).Slice()
 	if err != nil || len(reply) == 0 {
 		return 0, false
 	}
@@ -75,9 +78,4 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 		return 0, false
 	}
 	return time.Duration(next) * time.Microsecond, true
-}
-
-// redisTime is the instant t of our clock on Redis's.
-func (s *Scheduler) redisTime(t time.Time) time.Time {
-	return t.Add(time.Duration(s.offset.Load()))
 }

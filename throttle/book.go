@@ -436,7 +436,7 @@ func (b *booker) success(groups []*group, at int64) Booking {
 			bk.Turns[p.claim] = Reservation{
 				OK: true, Delay: bk.Delay, At: bk.At, N: int(p.n),
 				Remaining: int(c.Remaining), ResetAfter: micros(c.ResetAfter),
-				Fallback: p.fallback, ID: p.id, kept: p.id != "" && at > g.out.Now-b.late, pieces: c.Pieces,
+				Fallback: p.fallback, ID: p.id, kept: p.id != "" && (at > g.out.Now || g.out.Kept), pieces: c.Pieces,
 			}
 		}
 		for _, p := range g.allowed {
