@@ -32,6 +32,11 @@ type WorkerConfig struct {
 	// ReserveMax is the furthest ahead a turn is booked; a task that would
 	// wait longer is scheduled to ask again then. Default 1m.
 	ReserveMax time.Duration
+	// Waiting is how many tasks one worker may hold waiting for their turn
+	// besides the Concurrency it runs: a waiting task takes none of the
+	// slots that run handlers. A queue may fill at most half of it, so a
+	// slow queue cannot keep the others' tasks out. Default: Concurrency.
+	Waiting int
 	// UI is the web UI (asynqmon) at /ui/ on MetricsAddr; cmd/worker serves it.
 	UI WebUIConfig
 }
@@ -87,6 +92,10 @@ const (
 	OnRedisErrorLocal = throttle.OnRedisErrorLocal // an in-process limiter at the limit divided by the live workers
 )
 
+// maxWaiting bounds worker.waiting: each waiting task is a goroutine and an
+// active task in asynq's lists.
+const maxWaiting = 10_000
+
 // Defaults returns c with every unset value at its default.
 func (c Config) Defaults() Config {
 	if c.Worker.Concurrency == 0 {
@@ -100,6 +109,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.Worker.ReserveMax == 0 {
 		c.Worker.ReserveMax = time.Minute
+	}
+	if c.Worker.Waiting == 0 {
+		c.Worker.Waiting = c.Worker.Concurrency
 	}
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, q := range c.Queues {
@@ -159,6 +171,9 @@ func (c Config) Validate() []error {
 	}
 	if c.Worker.ReserveMax < c.Worker.HoldMax {
 		bad("worker.reserve_max", "must be >= worker.hold_max (%v), got %v", c.Worker.HoldMax, c.Worker.ReserveMax)
+	}
+	if c.Worker.Waiting < 1 || c.Worker.Waiting > maxWaiting {
+		bad("worker.waiting", "must be between 1 and %d (0 means worker.concurrency), got %d", maxWaiting, c.Worker.Waiting)
 	}
 	if _, err := ParseAllowList(c.HTTP.Allow); err != nil {
 		errs = append(errs, err)

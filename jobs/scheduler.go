@@ -60,17 +60,13 @@ type Scheduler struct {
 	clock     Clock
 	injected  bool // the clock was injected: the gates read it too
 
-	gates  atomic.Pointer[gateSet]
-	offset atomic.Int64 // Redis's clock minus ours, ns
-	// clockKnown is closed once offset was first measured (or could not
-	// be): turns held from before are not used until then.
-	clockKnown    chan struct{}
-	clockMeasured sync.Once
-	workers       atomic.Int64 // live workers in the fleet, last seen
-	holding       sync.Map     // queue -> *atomic.Int64: tasks waiting in this worker
-	blocked       sync.Map     // quota -> time.Time (our clock): an upstream said not before then
-	done          rateCounter  // completions not yet added to the fleet's rate buckets
-	logGate       throttle.Limiter
+	gates   atomic.Pointer[gateSet]
+	running chan struct{} // a token per handler that may run at once (worker.concurrency)
+	workers atomic.Int64  // live workers in the fleet, last seen
+	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
+	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
+	done    rateCounter   // completions not yet added to the fleet's rate buckets
+	logGate throttle.Limiter
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -85,7 +81,6 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:        log,
 		worker:     host + ":" + strconv.Itoa(os.Getpid()),
 		clock:      systemClock{},
-		clockKnown: make(chan struct{}),
 	}
 	for _, opt := range opts {
 		opt(s)
@@ -101,6 +96,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		return nil, err
 	}
 	s.gates.Store(gs)
+	s.running = make(chan struct{}, cfg.Worker.Concurrency)
 	return s, nil
 }
 
@@ -161,7 +157,10 @@ func (s *Scheduler) AsynqConfig() asynq.Config {
 		queues["default"] = 1
 	}
 	return asynq.Config{
-		Concurrency:              cfg.Worker.Concurrency,
+		// asynq runs a handler per slot; sluice's middleware lets only
+		// Concurrency of them run theirs at once and the others wait for
+		// their turn (see hold).
+		Concurrency:              cfg.Worker.Concurrency + cfg.Worker.Waiting,
 		Queues:                   queues,
 		DelayedTaskCheckInterval: delayedTaskCheck,
 		TaskCheckInterval:        taskCheck,
@@ -234,7 +233,15 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, retryIn)
 	}
+	select {
+	case s.running <- struct{}{}:
+	case <-ctx.Done():
+		release()
+		s.giveBack(ctx, b)
+		return ctx.Err()
+	}
 	err = next.ProcessTask(ctx, t)
+	<-s.running
 	release()
 	result := "ok"
 	if err != nil {

@@ -32,19 +32,28 @@ func (e *waitError) Error() string {
 	return fmt.Sprintf("sluice: waiting %v in Redis for its turn (not a failure)", e.wait.Round(time.Millisecond))
 }
 
-// hold waits in this worker for wait, if the queue may hold one more of
-// this worker's slots; it reports false when the task should rather go
-// back to Redis. A turn closer than requeueLead is always waited for: going
-// to Redis and back would take longer.
+// hold waits in this worker for wait, taking none of its slots that run
+// handlers, if the queue may hold one more task here (at most half of
+// worker.waiting, so that a slow queue cannot keep the others' tasks out);
+// it reports false when the task should rather go back to Redis. A turn
+// closer than requeueLead is always waited for: going to Redis and back
+// would take longer. A task with no retry left waits here up to
+// worker.reserve_max, as long as its deadline allows: in Redis it would
+// have to be a copy, and its id and Unique lock would be free meanwhile.
 func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait time.Duration) bool {
-	if wait > gs.cfg.Worker.HoldMax {
+	longest := gs.cfg.Worker.HoldMax
+	if exhausted(ctx) {
+		longest = gs.cfg.Worker.ReserveMax
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		longest = min(longest, time.Until(deadline)-time.Second)
+	}
+	if wait > longest && wait > requeueLead {
 		return false
 	}
 	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
 	holding := v.(*atomic.Int64)
-	// A slow queue may hold at most half the slots, so that it cannot
-	// starve the others on the same workers.
-	limit := int64(max(1, gs.cfg.Worker.Concurrency/2))
+	limit := int64(max(1, gs.cfg.Worker.Waiting/2))
 	if holding.Add(1) > limit && wait > requeueLead {
 		holding.Add(-1)
 		return false
@@ -59,6 +68,14 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 	return true
 }
 
+// exhausted reports whether the task has no retry left: asynq would archive
+// it on the retry path.
+func exhausted(ctx context.Context) bool {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	return retried >= maxRetry
+}
+
 // waitInRedis sends a task that must wait back to Redis, due back in wait
 // (its turns, if it holds any, stay kept under its booking ID in the
 // limiters), and notes when it is due in its queue's wake set. A task with
@@ -68,9 +85,7 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 // Either way it is never failed, retried or archived for waiting.
 func (s *Scheduler) waitInRedis(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
 	s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	if retried < maxRetry {
+	if !exhausted(ctx) {
 		if err := s.noteWake(ctx, queue, id, wait); err != nil {
 			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
 		}

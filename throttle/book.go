@@ -244,7 +244,7 @@ type booker struct {
 	notBefore int64
 	maxWait   int64
 	late      int64
-	started   time.Time
+	moving    time.Time // when the latest round that moved turns began
 }
 
 // maxID bounds Claim.ID: it becomes part of a key.
@@ -255,7 +255,6 @@ const maxID = 1024
 const maxRounds = 8
 
 func (b *booker) book(ctx context.Context) (Booking, error) {
-	b.started = time.Now()
 	groups := groupsOf(b.parts)
 	first := func(g *group) *step {
 		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait, late: b.late}
@@ -291,6 +290,7 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 		if refused && (b.maxWait == 0 || at-groups[0].out.Now > b.maxWait) {
 			break
 		}
+		b.moving = time.Now()
 		err := b.each(ctx, groups, func(g *group) *step {
 			if g.held && b.together(g.at, at) {
 				return nil
@@ -314,12 +314,22 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 }
 
 // together reports whether a group's turn at at counts as the booking's
-// turn at latest. Slots on different servers each book "now" by their own
-// clock, a moment apart: turns apart by no more than the protocol has taken
-// so far are the same turn (on one server they are equal).
+// turn at latest. Slots on different servers asked to book at one instant
+// that has passed on their clocks book "now" instead, a moment apart:
+// turns apart by no more than that round took are one turn. Turns booked
+// before any slot was asked to move must be within skew of each other
+// (each server's "now", asked at once).
 func (b *booker) together(at, latest int64) bool {
-	return latest-at <= (time.Since(b.started) + time.Millisecond).Microseconds()
+	tolerance := skew
+	if !b.moving.IsZero() {
+		tolerance += time.Since(b.moving)
+	}
+	return latest-at <= tolerance.Microseconds()
 }
+
+// skew is how far apart two servers' "now" may be for turns booked at once
+// to be one turn: Redis Cluster nodes read their own clocks.
+const skew = time.Millisecond
 
 // settle returns the latest instant any group offered, and whether every
 // group holds a turn there.
