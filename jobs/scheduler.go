@@ -74,13 +74,13 @@ type Scheduler struct {
 func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg Config, m *Metrics, log *slog.Logger, opts ...Option) (*Scheduler, error) {
 	host, _ := os.Hostname()
 	s := &Scheduler{
-		rdb:        rdb,
-		client:     asynq.NewClient(asynqRedis),
-		inspector:  asynq.NewInspector(asynqRedis),
-		metrics:    m,
-		log:        log,
-		worker:     host + ":" + strconv.Itoa(os.Getpid()),
-		clock:      systemClock{},
+		rdb:       rdb,
+		client:    asynq.NewClient(asynqRedis),
+		inspector: asynq.NewInspector(asynqRedis),
+		metrics:   m,
+		log:       log,
+		worker:    host + ":" + strconv.Itoa(os.Getpid()),
+		clock:     systemClock{},
 	}
 	for _, opt := range opts {
 		opt(s)
