@@ -1,7 +1,9 @@
 package jobs_test
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,5 +108,44 @@ func TestCopyIDTakenByAnother(t *testing.T) {
 	}
 	if copies := counterSum(t, reg, "sluice_throttled_tasks_total", "requeued"); copies < 1 {
 		t.Errorf("no task went back to Redis: the copy's id was never in question")
+	}
+}
+
+// busyOnce answers the first task with an upstream's 429 and a Retry-After
+// of ten years, and notes every run.
+type busyOnce struct {
+	recorder
+	busy atomic.Bool
+}
+
+func (b *busyOnce) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	b.Note(string(t.Payload()))
+	if b.busy.CompareAndSwap(false, true) {
+		return &jobs.UpstreamBusyError{Status: 429, RetryAfter: 10 * 365 * 24 * time.Hour}
+	}
+	return nil
+}
+
+// TestRetryAfterClamped (9.2): an upstream's Retry-After of ten years blocks
+// the quota for its max_block (here 2s), not ten years: the tasks run
+// again once it is over, and the quota says so.
+func TestRetryAfterClamped(t *testing.T) {
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 4},
+		Queues: map[string]jobs.QueueConfig{queue: {}},
+		Quotas: map[string]jobs.LimitConfig{quota: {Limit: 100, Period: time.Second, MaxBlock: 2 * time.Second}},
+		Tasks:  map[string]jobs.TaskConfig{"test:record": {Quotas: []string{quota}}},
+	}
+	rec := &busyOnce{}
+	fleet(t, cfg, 1, rec)
+	enqueue(t, queue, 1)
+	testkit.WaitFor(t, 5*time.Second, "the first run", func() bool { return len(rec.All()) >= 1 })
+	blockedAt := time.Now()
+	enqueue(t, queue, 3)
+	testkit.WaitFor(t, 10*time.Second, "every task after the block", func() bool { return len(rec.All()) >= 5 })
+	runs := rec.All()
+	if first := runs[1].Sub(blockedAt); first < 1500*time.Millisecond || first > 4*time.Second {
+		t.Errorf("the first run after the 429 came %v after it; want about max_block, 2s", first)
 	}
 }
