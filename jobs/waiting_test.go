@@ -149,3 +149,43 @@ func TestRetryAfterClamped(t *testing.T) {
 		t.Errorf("the first run after the 429 came %v after it; want about max_block, 2s", first)
 	}
 }
+
+// TestPausedQueueResumesAtItsRate (10.1): a drained queue paused part-way
+// (as an outage or a deploy would) resumes at its rate: turns booked before
+// the pause and come back for long after it are booked again, not run
+// together.
+func TestPausedQueueResumesAtItsRate(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 10},
+		Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: 10, Period: time.Second, Burst: 1}}},
+	}
+	rec := &recorder{}
+	fleet(t, cfg, 2, rec)
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	enqueue(t, queue, 40, asynq.MaxRetry(0))
+	testkit.WaitFor(t, 5*time.Second, "the run to get going", func() bool { return len(rec.All()) >= 8 })
+	if err := inspector.PauseQueue(queue); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	resumed := time.Now()
+	if err := inspector.UnpauseQueue(queue); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 15*time.Second, "every task", func() bool { return len(rec.All()) >= 40 })
+	after := rec.Matching(func(string) bool { return true })
+	var later []time.Time
+	for _, at := range after {
+		if at.After(resumed) {
+			later = append(later, at)
+		}
+	}
+	if most := testkit.MaxInWindow(later, time.Second); most > 11 {
+		t.Errorf("%d tasks within one second after the pause, want at most the rate + burst, 11", most)
+	}
+	if rec.Distinct() != 40 || len(after) != 40 {
+		t.Errorf("%d runs of %d tasks, want 40 of 40", len(after), rec.Distinct())
+	}
+}
