@@ -121,7 +121,7 @@ func (c Config) Defaults() Config {
 		c.Worker.ReserveMax = time.Minute
 	}
 	if c.Worker.Waiting == 0 {
-		c.Worker.Waiting = c.Worker.Concurrency
+		c.Worker.Waiting = max(1, c.Worker.Concurrency)
 	}
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, q := range c.Queues {
