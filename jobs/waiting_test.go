@@ -92,11 +92,14 @@ func TestCopyIDTakenByAnother(t *testing.T) {
 	if _, err := client.Enqueue(asynq.NewTask("test:record", []byte("squatter")), append(opts, asynq.TaskID("victim~1"), asynq.ProcessIn(3*time.Second))...); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"a", "b", "c"} {
+	for _, p := range []string{"a", "b", "c", "d", "e"} {
 		if _, err := client.Enqueue(asynq.NewTask("test:record", []byte(p)), opts...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// Booked after them: its turn 2.5s away, beyond what its 2s timeout
+	// lets it wait in the worker.
+	testkit.WaitFor(t, 5*time.Second, "the others to be booked", func() bool { return redistest.QueueInfo(t, queue).Pending == 0 })
 	if _, err := client.Enqueue(asynq.NewTask("test:record", []byte("victim")), append(opts, asynq.TaskID("victim"), asynq.Timeout(2*time.Second))...); err != nil {
 		t.Fatal(err)
 	}
