@@ -102,6 +102,10 @@ const (
 // maxMaxBlock bounds quotas.<name>.max_block.
 const maxMaxBlock = 24 * time.Hour
 
+// maxReserve bounds worker.reserve_max: a turn further ahead than a day is
+// a mistake, and the limiters do not book one (throttle's horizon).
+const maxReserve = 24 * time.Hour
+
 // maxWaiting bounds worker.waiting: each waiting task is a goroutine and an
 // active task in asynq's lists.
 const maxWaiting = 10_000
@@ -185,6 +189,9 @@ func (c Config) Validate() []error {
 	}
 	if c.Worker.ReserveMax < c.Worker.HoldMax {
 		bad("worker.reserve_max", "must be >= worker.hold_max (%v), got %v", c.Worker.HoldMax, c.Worker.ReserveMax)
+	}
+	if c.Worker.ReserveMax > maxReserve {
+		bad("worker.reserve_max", "must be at most %v, got %v", maxReserve, c.Worker.ReserveMax)
 	}
 	if c.Worker.Waiting < 1 || c.Worker.Waiting > maxWaiting {
 		bad("worker.waiting", "must be between 1 and %d (0 means worker.concurrency), got %d", maxWaiting, c.Worker.Waiting)

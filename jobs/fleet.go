@@ -30,7 +30,7 @@ func (s *Scheduler) rebook(ctx context.Context, gs *gateSet, stale []string) {
 	for queue := range gs.cfg.Queues {
 		// Every task that waits in Redis for a turn is in its queue's wake
 		// set; a changed quota may be any type's, in any queue.
-		n, err := wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, s.scriptNow(), "rush").Int()
+		n, err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "rush").Int()
 		if err != nil {
 			s.log.Warn("cannot bring forward tasks booked at an old rate", "queue", queue, "err", err)
 			continue

@@ -30,6 +30,10 @@ const (
 	// enough to become pending and be picked up by a worker that was idle,
 	// which then waits the rest of the way.
 	requeueLead = delayedTaskCheck + taskCheck*3/2 + 50*time.Millisecond
+	// alwaysHold: a task whose turn is this close waits for it in the
+	// worker. Going to Redis and back would take longer, and a task back
+	// from Redis comes up to wakeAhead early.
+	alwaysHold = requeueLead + wakeAhead
 	// slotLease is the lease of a concurrency slot; a running task renews it
 	// every third of it.
 	slotLease = 30 * time.Second
@@ -66,6 +70,8 @@ type Scheduler struct {
 	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
 	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
 	done    rateCounter   // completions not yet added to the fleet's rate buckets
+	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
+	lookNow chan struct{} // a task was noted due before the next look
 	logGate throttle.Limiter
 }
 
@@ -81,6 +87,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:       log,
 		worker:    host + ":" + strconv.Itoa(os.Getpid()),
 		clock:     systemClock{},
+		lookNow:   make(chan struct{}, 1),
 	}
 	for _, opt := range opts {
 		opt(s)
@@ -110,6 +117,7 @@ func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 
 // Close releases the Scheduler's connections.
 func (s *Scheduler) Close() error {
+	s.gates.Load().close()
 	return errors.Join(s.client.Close(), s.inspector.Close())
 }
 
@@ -137,6 +145,7 @@ func (s *Scheduler) Apply(cfg Config) error {
 		return err
 	}
 	if old := s.gates.Swap(gs); old != nil {
+		old.close()
 		if stale := changedTags(old, gs); len(stale) > 0 {
 			go s.rebook(context.Background(), gs, stale)
 		}
