@@ -31,7 +31,7 @@ const (
 	// which then waits the rest of the way.
 	requeueLead = delayedTaskCheck + taskCheck*3/2 + 50*time.Millisecond
 	// slotLease is the lease of a concurrency slot; a running task renews it
-	// every third of it.
+	// every third of it (see slots.go).
 	slotLease = 30 * time.Second
 	// redisRetry is how soon a task whose gates Redis could not decide
 	// (policy deny) asks again.
@@ -58,7 +58,8 @@ type Scheduler struct {
 	log       *slog.Logger
 	worker    string // this process, for concurrency leases
 	clock     Clock
-	injected  bool // the clock was injected: the gates read it too
+	injected  bool          // the clock was injected: the gates read it too
+	slotLease time.Duration // slotLease; shorter in tests
 
 	gates  atomic.Pointer[gateSet]
 	offset atomic.Int64 // Redis's clock minus ours, ns
@@ -85,6 +86,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:        log,
 		worker:     host + ":" + strconv.Itoa(os.Getpid()),
 		clock:      systemClock{},
+		slotLease:  slotLease,
 		clockKnown: make(chan struct{}),
 	}
 	for _, opt := range opts {
@@ -108,7 +110,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: func() int { return int(s.workers.Load()) }}
+	o := gateOptions{workers: func() int { return int(s.workers.Load()) }, lease: s.slotLease}
 	if s.injected {
 		o.clock = s.clock
 	}
@@ -222,16 +224,17 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 		return s.requeue(ctx, t, queue, until, nil)
 	}
-	release, retryIn, err := s.takeSlots(ctx, gs, queue, t)
-	if err != nil {
-		return err
-	}
-	if release == nil {
+	slots, retryIn := s.takeSlots(ctx, gs, queue, t)
+	if slots == nil {
 		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 		return s.requeue(ctx, t, queue, s.clock.Now().Add(retryIn), b.turns)
 	}
-	err = next.ProcessTask(ctx, t)
-	release()
+	err = next.ProcessTask(slots.ctx, t)
+	if slots.release() && err != nil {
+		// Stopped for losing a concurrency slot: not a failure of the
+		// task, which runs again once it has its slots.
+		return s.requeue(ctx, t, queue, s.clock.Now(), nil)
+	}
 	result := "ok"
 	if err != nil {
 		result = "error"

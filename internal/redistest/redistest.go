@@ -65,12 +65,17 @@ func ping(tb testing.TB, rdb redis.UniversalClient) {
 // Prefix returns a key prefix of its own for one test, so that tests in
 // parallel packages share the servers without flushing each other's data.
 func Prefix(tb testing.TB) string {
+	name := strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(tb.Name())
+	return "test:" + name + ":" + randomHex(tb) + ":"
+}
+
+// randomHex is 12 random hex digits.
+func randomHex(tb testing.TB) string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		tb.Fatal(err)
 	}
-	name := strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(tb.Name())
-	return "test:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+	return hex.EncodeToString(b[:])
 }
 
 // Queue returns an asynq queue name of the test's own (lower case, as
@@ -159,4 +164,23 @@ func (s *Server) Kill() {
 		s.cmd.Process.Kill()
 		s.cmd.Wait()
 	}
+}
+
+// ACLUser makes a user of the standalone server that may run every
+// command, on every channel, but only on keys that match patterns (Redis
+// glob patterns), and removes it when the test ends: for tests of what a
+// client does when Redis refuses it some keys.
+func ACLUser(tb testing.TB, patterns ...string) (user, password string) {
+	tb.Helper()
+	rdb := Client(tb)
+	user, password = "test-"+randomHex(tb), "pw"
+	args := []any{"ACL", "SETUSER", user, "on", ">" + password, "+@all", "&*"}
+	for _, p := range patterns {
+		args = append(args, "~"+p)
+	}
+	if err := rdb.Do(context.Background(), args...).Err(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { rdb.Do(context.Background(), "ACL", "DELUSER", user) })
+	return user, password
 }
