@@ -2,12 +2,9 @@ package jobs
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 
 	"github.com/hibiken/asynq"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -26,12 +23,7 @@ func TestAmbiguousAcquireReleased(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	queue := redistest.Queue(t, "q")
 	cfg := Config{Queues: map[string]QueueConfig{queue: {Concurrency: 1}}}
-	s, err := NewScheduler(rdb, asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
-		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := newScheduler(t, rdb, cfg)
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}

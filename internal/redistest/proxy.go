@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -13,7 +14,8 @@ import (
 // forwards both ways until told otherwise: LoseReplies makes a command
 // reach Redis and run there while its reply never reaches the client (the
 // connection breaks in between, as when a network or a server fails
-// mid-call); Cut makes Redis unreachable until Mend.
+// mid-call); Cut makes Redis unreachable until Mend; Silence makes the
+// connections open carry nothing.
 type Proxy struct {
 	Addr string // where clients connect
 
@@ -31,6 +33,7 @@ type Proxy struct {
 // link is one client connection and its connection to Redis.
 type link struct {
 	client, server net.Conn
+	silent         atomic.Bool // Silence: bytes are read and dropped
 }
 
 func (l *link) close() {
@@ -79,6 +82,17 @@ func (p *Proxy) Cut() {
 	p.cut = true
 	for l := range p.links {
 		l.close()
+	}
+}
+
+// Silence makes every connection open now carry nothing, either way, and
+// stay open, as when the host at the other end dies or the network parts
+// without a word: only a timeout tells. New connections work.
+func (p *Proxy) Silence() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		l.silent.Store(true)
 	}
 }
 
@@ -131,7 +145,7 @@ func (p *Proxy) forward(l *link, from, to net.Conn, replies bool) {
 		if n > 0 && replies && p.loseOne() {
 			return
 		}
-		if n > 0 {
+		if n > 0 && !l.silent.Load() {
 			if _, err := to.Write(buf[:n]); err != nil {
 				return
 			}

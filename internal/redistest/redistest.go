@@ -122,16 +122,21 @@ type Server struct {
 // when the test ends.
 func StartServer(tb testing.TB, args ...string) *Server {
 	tb.Helper()
+	s := &Server{Addr: freeAddr(tb), dir: tb.TempDir(), args: args}
+	s.Start(tb)
+	tb.Cleanup(s.Kill)
+	return s
+}
+
+// freeAddr is a loopback address whose port nothing listens on now.
+func freeAddr(tb testing.TB) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	s := &Server{Addr: addr, dir: tb.TempDir(), args: args}
-	s.Start(tb)
-	tb.Cleanup(s.Kill)
-	return s
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // Start starts the server again after Kill; it returns once it answers PING
@@ -158,9 +163,12 @@ func (s *Server) Start(tb testing.TB) {
 	}
 }
 
+// alive reports whether the server was started and not killed since.
+func (s *Server) alive() bool { return s.cmd != nil && s.cmd.ProcessState == nil }
+
 // Kill kills the server at once (SIGKILL), as a crash would.
 func (s *Server) Kill() {
-	if s.cmd != nil && s.cmd.ProcessState == nil {
+	if s.alive() {
 		s.cmd.Process.Kill()
 		s.cmd.Wait()
 	}
