@@ -31,7 +31,9 @@ func env(tb testing.TB, name string) string {
 // Addr is the standalone server's address.
 func Addr(tb testing.TB) string { return env(tb, "SLUICE_TEST_REDIS_ADDR") }
 
-// Client connects to the standalone server and closes the client when the
+// Client connects to the standalone server, with go-redis's default
+// options as most callers use them (retries included: the limiters never
+// let go-redis send their calls twice), and closes the client when the
 // test ends.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
