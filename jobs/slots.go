@@ -100,8 +100,9 @@ func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t 
 	return h, 0
 }
 
-// slotUnavailable counts and logs a failed Acquire, gives back the slot it
-// may have taken, and returns the slot's policy.
+// slotUnavailable gives back the slot a failed Acquire may have taken,
+// counts and logs the failure, and returns the slot's policy (wait if the
+// task's context ended: the worker stops, and Redis did not fail).
 func (s *Scheduler) slotUnavailable(ctx context.Context, sl slot, holder string, err error) string {
 	var answered redis.Error
 	if !errors.As(err, &answered) {
@@ -111,6 +112,9 @@ func (s *Scheduler) slotUnavailable(ctx context.Context, sl slot, holder string,
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		_ = sl.sem.Release(rctx, sl.key, holder)
 		cancel()
+	}
+	if ctx.Err() != nil {
+		return OnRedisErrorWait
 	}
 	s.metrics.redisErrors.WithLabelValues(sl.gate()).Inc()
 	s.metrics.fallbacks.WithLabelValues(sl.gate(), sl.policy).Inc()
