@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -35,11 +36,12 @@ type gate struct {
 }
 
 // gateOptions are what every gate's limiter is built with besides its
-// spec: the clock of tests, and how many workers share a limit (for the
-// local policy).
+// spec: the clock of tests, how many workers share a limit (for the
+// local policy), and the lease of concurrency slots.
 type gateOptions struct {
 	clock   throttle.Clock // nil: Redis's
 	workers func() int
+	lease   time.Duration
 }
 
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
@@ -72,7 +74,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
 		}
-		return throttle.NewSemaphore(rdb, limit, slotLease, opts...)
+		return throttle.NewSemaphore(rdb, limit, o.lease, opts...)
 	}
 	for name, q := range cfg.Queues {
 		if q.Drain != nil {
@@ -190,10 +192,10 @@ func (gs *gateSet) quotasOf(typ string) []*gate {
 func (gs *gateSet) semaphoresOf(queue, typ string) []slot {
 	var slots []slot
 	if sem := gs.queueSem[queue]; sem != nil {
-		slots = append(slots, slot{sem, "queue:" + queue})
+		slots = append(slots, slot{sem, "queue:" + queue, slotPolicy(gs.cfg.Queues[queue].ConcurrencyOnRedisError)})
 	}
 	if sem := gs.typeSem[typ]; sem != nil {
-		slots = append(slots, slot{sem, "type:" + typ})
+		slots = append(slots, slot{sem, "type:" + typ, slotPolicy(gs.cfg.Tasks[typ].ConcurrencyOnRedisError)})
 	}
 	return slots
 }
@@ -227,7 +229,7 @@ func changedTags(old, gs *gateSet) []string {
 // how many events it could admit now: a bucket's level, a window's room.
 // It counts nothing.
 func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[string]int, error) {
-	gs, err := newGateSet(rdb, cfg.Defaults(), gateOptions{})
+	gs, err := newGateSet(rdb, cfg.Defaults(), gateOptions{lease: slotLease})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ type Metrics struct {
 	fallbacks     *prometheus.CounterVec   // gate, policy
 	upstreamBusy  *prometheus.CounterVec   // quota
 	completed     *prometheus.CounterVec   // queue, type, result
+	slotsLost     *prometheus.CounterVec   // slot, result
 }
 
 // NewMetrics registers the metrics on reg.
@@ -62,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"gate"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_policy_fallbacks_total",
-			Help: "Times a gate applied its on_redis_error policy (deny, allow or local).",
+			Help: "Times a gate applied its on_redis_error policy (deny, allow or local; a concurrency limit's concurrency_on_redis_error: wait or allow).",
 		}, []string{"gate", "policy"}),
 		upstreamBusy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_busy_total",
@@ -72,8 +73,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_tasks_processed_total",
 			Help: "Tasks whose handler ran, by result (ok or error).",
 		}, []string{"queue", "type", "result"}),
+		slotsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_slots_lost_total",
+			Help: "Concurrency slots a task lost while it ran (its lease ended, or would have before a renew reached Redis), by slot and result: stopped (its handler's context ended; the task runs again) or retaken (a free slot was taken again).",
+		}, []string{"slot", "result"}),
 	}
 	reg.MustRegister(m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
-		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed)
+		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }

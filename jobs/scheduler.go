@@ -35,7 +35,7 @@ const (
 	// from Redis comes up to wakeAhead early.
 	alwaysHold = requeueLead + wakeAhead
 	// slotLease is the lease of a concurrency slot; a running task renews it
-	// every third of it.
+	// every third of it (see slots.go).
 	slotLease = 30 * time.Second
 	// redisRetry is how soon a task whose gates Redis could not decide
 	// (policy deny) asks again.
@@ -62,7 +62,8 @@ type Scheduler struct {
 	log       *slog.Logger
 	worker    string // this process, for concurrency leases
 	clock     Clock
-	injected  bool // the clock was injected: the gates read it too
+	injected  bool          // the clock was injected: the gates read it too
+	slotLease time.Duration // slotLease; shorter in tests
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
@@ -87,6 +88,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:       log,
 		worker:    host + ":" + strconv.Itoa(os.Getpid()),
 		clock:     systemClock{},
+		slotLease: slotLease,
 		lookNow:   make(chan struct{}, 1),
 	}
 	for _, opt := range opts {
@@ -108,7 +110,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: func() int { return int(s.workers.Load()) }}
+	o := gateOptions{workers: func() int { return int(s.workers.Load()) }, lease: s.slotLease}
 	if s.injected {
 		o.clock = s.clock
 	}
@@ -236,24 +238,25 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
 	}
-	release, retryIn, err := s.takeSlots(ctx, gs, queue, t)
-	if err != nil {
-		return err
-	}
-	if release == nil {
+	slots, retryIn := s.takeSlots(ctx, gs, queue, t)
+	if slots == nil {
 		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, retryIn)
 	}
 	select {
 	case s.running <- struct{}{}:
 	case <-ctx.Done():
-		release()
+		slots.release()
 		s.giveBack(ctx, b)
 		return ctx.Err()
 	}
-	err = next.ProcessTask(ctx, t)
+	err = next.ProcessTask(slots.ctx, t)
 	<-s.running
-	release()
+	if slots.release() && err != nil {
+		// Stopped for losing a concurrency slot: not a failure of the
+		// task, which waits in Redis and runs again once it has its slots.
+		return s.waitInRedis(ctx, t, queue, id, 0)
+	}
 	result := "ok"
 	if err != nil {
 		result = "error"
