@@ -108,3 +108,53 @@ func TestWakerOnTime(t *testing.T) {
 		t.Errorf("tasks moved by each worker: %v when the waker stopped, %v in all; want all %d, by one worker until it stopped and by the other after", wokenAtStop, woken, n)
 	}
 }
+
+// TestHeldTaskBooksAgainOnReload: tasks waiting in the worker for turns
+// booked at the old rate (tasks without retries wait there up to
+// worker.reserve_max) book again when a config with a faster limit comes
+// into force, instead of running at the old rate.
+func TestHeldTaskBooksAgainOnReload(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	cfg := func(perSecond int) Config {
+		return Config{
+			Worker: WorkerConfig{Concurrency: 10},
+			Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Limit: perSecond, Period: time.Second, Burst: 1}}},
+		}
+	}
+	s := newTestScheduler(t, cfg(1))
+	ran := make(chan time.Time, 10)
+	mux := asynq.NewServeMux()
+	mux.Use(s.Middleware)
+	mux.HandleFunc("test:record", func(context.Context, *asynq.Task) error {
+		ran <- time.Now()
+		return nil
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for range 6 {
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-ran // the first, at once; the other five hold turns up to 5s ahead
+	time.Sleep(300 * time.Millisecond)
+	changed := time.Now()
+	if err := s.Apply(cfg(50)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		select {
+		case at := <-ran:
+			if late := at.Sub(changed); late > time.Second {
+				t.Fatalf("task %d ran %v after the drain went to 50/s: it kept its turn at 1/s", i+2, late.Round(time.Millisecond))
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("task %d did not run", i+2)
+		}
+	}
+}
