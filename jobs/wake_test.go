@@ -8,7 +8,9 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -156,5 +158,27 @@ func TestHeldTaskBooksAgainOnReload(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("task %d did not run", i+2)
 		}
+	}
+}
+
+// TestWarm: before the first task, Warm loads the scripts the gates and
+// the wake set run on the server that holds them.
+func TestWarm(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+	defer rdb.Close()
+	queue := redistest.Queue(t, "q")
+	s := newScheduler(t, rdb, Config{
+		Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Limit: 5, Period: time.Second, Burst: 1}}},
+	})
+	ctx := context.Background()
+	hashes := []string{algorithms.BookScript.Hash(), wakeScript.Hash()}
+	if loaded, err := rdb.ScriptExists(ctx, hashes...).Result(); err != nil || loaded[0] || loaded[1] {
+		t.Fatalf("scripts loaded before Warm: %v, %v", loaded, err)
+	}
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if loaded, err := rdb.ScriptExists(ctx, hashes...).Result(); err != nil || !loaded[0] || !loaded[1] {
+		t.Errorf("scripts loaded after Warm (book, wake): %v, %v; want both", loaded, err)
 	}
 }
