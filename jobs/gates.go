@@ -23,7 +23,7 @@ type gateSet struct {
 	typeSem  map[string]*throttle.Semaphore
 	lend     bool          // pools may lend turns (not on a test's clock)
 	replaced chan struct{} // closed when a config with other limits replaces this one
-	pools    sync.Map // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
+	pools    sync.Map      // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
 }
 
 // gate is one rate limit: a limiter on Redis that applies its own failure
