@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -32,6 +33,11 @@ const (
 	wakeLease   = time.Second            // a waker that dies is replaced this soon
 	wakeWatch   = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
 	wakeLatest  = time.Second            // how much later than due asynq brings a task back by itself
+	// A task due that asynq still has as running is looked at again
+	// wakeAgain later, for up to wakeStillActive after it was due: it is
+	// on its way to the retry list.
+	wakeAgain       = 20 * time.Millisecond
+	wakeStillActive = time.Second
 )
 
 var wakeScript = redis.NewScript(lua.Wake)
@@ -111,13 +117,23 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 		until, _ := reply[1].(int64)
 		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false
 	}
-	for _, v := range reply[1:] {
-		id, _ := v.(string)
-		// Gone (it ran, was deleted) or already pending: nothing to do.
-		_ = s.inspector.RunTask(queue, id)
-		s.metrics.woken.Inc()
+	for i := 1; i+1 < len(reply); i += 2 {
+		id, _ := reply[i].(string)
+		overdue, _ := reply[i+1].(int64)
+		err := s.inspector.RunTask(queue, id)
+		switch {
+		case err == nil:
+			s.metrics.woken.Inc()
+		case strings.Contains(err.Error(), "already running") && overdue < wakeStillActive.Microseconds():
+			// The worker that sent it back noted it before asynq moved it
+			// out of its active list (a turn a few ms past requeueLead):
+			// look again in a moment. asynq says so only in words.
+			_ = s.noteWake(ctx, queue, id, wakeAgain)
+		}
+		// Otherwise gone (it ran, was deleted) or already pending: nothing
+		// to do.
 	}
-	if len(reply)-1 >= wakeBatch {
+	if (len(reply)-1)/2 >= wakeBatch {
 		return 0, true // more may be due
 	}
 	if next < 0 {
