@@ -182,3 +182,52 @@ func TestWarm(t *testing.T) {
 		t.Errorf("scripts loaded after Warm (book, wake): %v, %v; want both", loaded, err)
 	}
 }
+
+// TestWakeWhileStillActive: a task noted in the wake set just before asynq
+// moves it from its active list to the retry list (a turn a few ms past
+// requeueLead) is not lost to the waker's look in between: it becomes
+// pending when due, not when asynq's own schedule says.
+func TestWakeWhileStillActive(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	s := newTestScheduler(t, Config{Queues: map[string]QueueConfig{queue: {}}})
+	ctx := context.Background()
+	noted, release := make(chan struct{}), make(chan struct{})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("test:wait", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if err := s.noteWake(ctx, queue, id, 0); err != nil {
+			return err
+		}
+		close(noted)
+		<-release
+		return &waitError{wait: time.Hour} // asynq's own schedule: an hour
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	if _, err := client.Enqueue(asynq.NewTask("test:wait", nil), asynq.Queue(queue), asynq.TaskID("w")); err != nil {
+		t.Fatal(err)
+	}
+	<-noted
+	// The look while the task still runs...
+	s.wakeQueue(ctx, queue)
+	close(release)
+	// ...and the looks after: the task is pending within a second.
+	srv.Stop() // takes no more tasks, so pending stays pending
+	deadline := time.Now().Add(time.Second)
+	for {
+		s.wakeQueue(ctx, queue)
+		info, err := s.inspector.GetTaskInfo(queue, "w")
+		if err == nil && info.State == asynq.TaskStatePending {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the task is %v a second after it was due (%v), want pending", info.State, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
