@@ -58,6 +58,7 @@ type Scheduler struct {
 	rdb       redis.UniversalClient
 	client    *asynq.Client
 	inspector *asynq.Inspector
+	queues    redis.UniversalClient // asynq's Redis, for what its API cannot do (see ready)
 	metrics   *Metrics
 	log       *slog.Logger
 	worker    string // this process, for concurrency leases
@@ -84,6 +85,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		rdb:       rdb,
 		client:    asynq.NewClient(asynqRedis),
 		inspector: asynq.NewInspector(asynqRedis),
+		queues:    asynqRedis.MakeRedisClient().(redis.UniversalClient),
 		metrics:   m,
 		log:       log,
 		worker:    host + ":" + strconv.Itoa(os.Getpid()),
@@ -120,7 +122,7 @@ func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 // Close releases the Scheduler's connections.
 func (s *Scheduler) Close() error {
 	s.gates.Load().close()
-	return errors.Join(s.client.Close(), s.inspector.Close())
+	return errors.Join(s.client.Close(), s.inspector.Close(), s.queues.Close())
 }
 
 // Config returns the config in force.

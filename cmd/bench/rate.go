@@ -72,9 +72,6 @@ func runRate(ctx context.Context, b *bench) error {
 		fmt.Fprintf(b.out, "| %s/s | %s/s | %s/s | %s | %s | %.0f | %.0f | %.0f | %.2f |\n", grouped(float64(rate)), grouped(r.achieved), grouped(r.steady), mark, grouped(float64(r.most)),
 			r.workerCPU.Seconds()*1e6/n, r.redisCPU.Seconds()*1e6/n, r.selfCPU.Seconds()*1e6/n,
 			(r.workerCPU+r.redisCPU+r.selfCPU).Seconds()/r.elapsed.Seconds())
-		if !within && rate > best*2 {
-			break
-		}
 	}
 	fmt.Fprintf(b.out, "\nHighest rate held within 2%%: %s/s.\n", grouped(float64(best)))
 	return nil
