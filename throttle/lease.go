@@ -233,6 +233,24 @@ func (p *Pool) end(ctx context.Context, l *lease) {
 	}
 }
 
+// Left estimates, per claim, how many more takes its limit admits now: the
+// current lease's untaken ones and the room its booking left. Other callers
+// take from the same room meanwhile: it is a hint (for RateLimit headers),
+// not a promise; nil without a lease.
+func (p *Pool) Left() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.lease
+	if l == nil {
+		return nil
+	}
+	left := make([]int, len(l.booking.Turns))
+	for i, turn := range l.booking.Turns {
+		left[i] = turn.Remaining + (l.k-l.taken)*p.claims[i].N
+	}
+	return left
+}
+
 // Close gives back what the current lease did not hand out.
 func (p *Pool) Close() {
 	p.mu.Lock()

@@ -235,6 +235,7 @@ type Limiter struct {
 	v6bits   int
 	keyFunc  KeyFunc
 	ban      *banner // nil: no bans
+	pools    *pools  // nil on a test's clock: leases count on the system's
 	metrics  *metrics
 	log      *slog.Logger
 	logGates throttle.Limiter // keyed by limit name: at most one log line per 10s
@@ -277,6 +278,8 @@ func New(rdb redis.UniversalClient, cfg Config, opts ...Option) (*Limiter, error
 	var throttleOpts []throttle.Option // full: appending to it copies
 	if o.clock != nil {
 		throttleOpts = []throttle.Option{throttle.WithClock(o.clock)}
+	} else {
+		l.pools = &pools{set: map[string]*pooled{}}
 	}
 	seen := map[string]bool{"ban": true}
 	for i, cl := range cfg.Limits {

@@ -126,6 +126,11 @@ func (l *Limiter) decide(r *http.Request, c Client) answer {
 	for i, lim := range l.limits {
 		claims[i] = throttle.Claim{Limiter: lim.lim, Key: l.key(lim, r, c, ipKey), N: 1}
 	}
+	if l.pools != nil {
+		if ok, left := l.pools.take(ctx, claims); ok {
+			return l.allowed(left, nil)
+		}
+	}
 	b, err := throttle.Book(ctx, claims, time.Time{}, 0)
 	if err != nil {
 		for _, lim := range l.limits {
@@ -159,15 +164,26 @@ func (l *Limiter) decide(r *http.Request, c Client) answer {
 		a.window = a.retry
 		return a
 	}
-	var a answer
+	left := make([]int, len(b.Turns))
+	fellBack := make([]bool, len(b.Turns))
 	for i, turn := range b.Turns {
-		lim := l.limits[i]
+		left[i], fellBack[i] = turn.Remaining, turn.Fallback == OnRedisErrorAllow
+	}
+	return l.allowed(left, fellBack)
+}
+
+// allowed is the answer to a request every limit admitted: its RateLimit
+// fields name the limit with the fewest requests left. A limit let through
+// by its allow policy was counted nowhere: it says nothing of what is left.
+func (l *Limiter) allowed(left []int, fellBack []bool) answer {
+	var a answer
+	for i, lim := range l.limits {
 		l.metrics.decisions.WithLabelValues(lim.Name, "allowed").Inc()
-		if turn.Fallback == OnRedisErrorAllow {
-			continue // counted nowhere: it says nothing of what is left
+		if i >= len(left) || (fellBack != nil && fellBack[i]) {
+			continue
 		}
-		if a.limit == nil || turn.Remaining < a.left {
-			a = answer{policy: lim.Name, limit: lim, left: turn.Remaining, window: lim.window}
+		if a.limit == nil || left[i] < a.left {
+			a = answer{policy: lim.Name, limit: lim, left: left[i], window: lim.window}
 		}
 	}
 	return a
