@@ -220,8 +220,8 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	}
 	gs := f.s.gates.Load()
 	for i, g := range gs.gatesOf(f.queue, "test:call") {
-		if rebooked.gates[i] != g {
-			t.Fatalf("rebooked on gate %q, want the gate in force %q", rebooked.gates[i].tag, g.tag)
+		if rebooked.claims[i].g != g {
+			t.Fatalf("rebooked on gate %q, want the gate in force %q", rebooked.claims[i].g.tag, g.tag)
 		}
 	}
 	if again := f.book(t, "again"); !again.ready.Equal(next.ready.Add(40 * ms)) {

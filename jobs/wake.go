@@ -105,8 +105,12 @@ func (s *Scheduler) wake(ctx context.Context) {
 // this worker is its waker, and returns how soon to look again and whether
 // it is the waker.
 func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	reply, err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "take",
-		wakeBatch, wakeAhead.Microseconds(), s.worker, wakeLease.Microseconds()).Slice()
+	keys, args := wakeKeys(queue), []any{s.scriptNow(), "take", wakeBatch, wakeAhead.Microseconds(), s.worker, wakeLease.Microseconds()}
+	if f := s.gates.Load().fair[queue]; f != nil {
+		more, extra := f.wakeArgs()
+		keys, args = append(keys, more...), append(args, extra...)
+	}
+	reply, err := wakeScript.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil || len(reply) == 0 {
 		return wakeMaxIdle, false
 	}
