@@ -54,7 +54,7 @@ func fresh(ctx context.Context, t *asynq.Task) bool {
 // and what it held is given back, in the same step. In a queue with
 // fairness the turn is booked on the queue's fair share too, and a task
 // whose key holds its share already waits in its key's line instead.
-func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task) (booking, error) {
+func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool) (booking, error) {
 	vars := newTaskVars(queue, id, t.Type(), t.Payload())
 	claims := s.claimsOf(gs, queue, t.Type(), vars)
 	if len(claims) == 0 {
@@ -64,8 +64,9 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {
 		spot = &lineSpot{fair: f, key: s.keyOf(f.name, f.expr, vars), booking: bid, cost: cost}
-		if fresh(ctx, t) && f.parkedView(spot.key, s.clock.Now()) {
+		if !letOut && fresh(ctx, t) && f.parkedView(spot.key, s.clock.Now()) {
 			s.metrics.decisions.WithLabelValues(f.name, "parked").Inc()
+			spot.seen = true
 			return booking{line: spot}, nil
 		}
 	}
@@ -161,18 +162,22 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 func (s *Scheduler) claimsOf(gs *gateSet, queue, typ string, vars *taskVars) []claim {
 	var claims []claim
 	for _, g := range gs.gatesOf(queue, typ) {
-		if g.expr == nil {
-			claims = append(claims, claim{g: g, lim: g.lim, key: g.key})
-			continue
-		}
-		key := s.keyOf(g.name, g.expr, vars)
-		if ov := g.overrides[key]; ov != nil {
-			claims = append(claims, claim{g: g, lim: ov.lim, key: key})
-			continue
-		}
-		claims = append(claims, claim{g: g, lim: g.lim, key: key})
+		claims = append(claims, s.claimOf(g, vars))
 	}
 	return claims
+}
+
+// claimOf is the task's claim on gate g: on its key value if g is
+// keyed, with that value's own limit if it has one.
+func (s *Scheduler) claimOf(g *gate, vars *taskVars) claim {
+	if g.expr == nil {
+		return claim{g: g, lim: g.lim, key: g.key}
+	}
+	key := s.keyOf(g.name, g.expr, vars)
+	if ov := g.overrides[key]; ov != nil {
+		return claim{g: g, lim: ov.lim, key: key}
+	}
+	return claim{g: g, lim: g.lim, key: key}
 }
 
 // keyOf is the task's key value for the limit named gate: what expr gives,

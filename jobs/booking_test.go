@@ -65,7 +65,7 @@ func newBookingFixture(t *testing.T, rdb redis.UniversalClient, drain LimitConfi
 // book books task id of test:call.
 func (f *bookingFixture) book(t *testing.T, id string) booking {
 	t.Helper()
-	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil))
+	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil), false)
 	if err != nil {
 		t.Fatalf("book: %v", err)
 	}
@@ -177,7 +177,7 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	}
 	back := func(id string, headers map[string]string) booking {
 		t.Helper()
-		b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers))
+		b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers), false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"sync"
@@ -101,17 +102,31 @@ type lineSpot struct {
 	key     string // the key value
 	booking string // the task's booking ID
 	cost    int
+	// seen: sent to its line by this worker's view of its key, not by a
+	// refusal: it may be a task let out of its line, which must book.
+	seen bool
 }
+
+// errLetOut is a line's answer to a task that was let out of it: the task
+// books (see lineSpot.seen).
+var errLetOut = errors.New("jobs: the task was let out of its line; it books")
 
 // park puts task id in its key's line and returns about how long until
 // the waker lets it out (for asynq's own schedule, the fallback).
 func (s *Scheduler) park(ctx context.Context, queue, id string, spot *lineSpot) (time.Duration, error) {
 	f := spot.fair
 	keys := append(wakeKeys(queue), f.keys...)
+	seen := "0"
+	if spot.seen {
+		seen = "1"
+	}
 	us, err := wakeScript.Run(ctx, s.rdb, keys, s.scriptNow(), "park", id, spot.booking, throttle.FairMember(spot.key),
-		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds()).Int64()
+		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen).Int64()
 	if err != nil {
 		return 0, err
+	}
+	if us < 0 {
+		return 0, errLetOut
 	}
 	return time.Duration(us) * time.Microsecond, nil
 }

@@ -218,14 +218,19 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	id, _ := asynq.GetTaskID(ctx)
 	var gs *gateSet
 	var b booking
+	letOut := false
 	for {
 		gs = s.gates.Load()
 		var err error
-		if b, err = s.book(ctx, gs, queue, id, t); err != nil {
+		if b, err = s.book(ctx, gs, queue, id, t, letOut); err != nil {
 			return err
 		}
 		if b.line != nil {
-			return s.waitInLine(ctx, t, queue, id, b.line)
+			if err := s.waitInLine(ctx, t, queue, id, b.line); !errors.Is(err, errLetOut) {
+				return err
+			}
+			letOut = true // it was let out of its line: it books
+			continue
 		}
 		if b.askIn > 0 {
 			return s.waitInRedis(ctx, t, queue, id, b.askIn)

@@ -105,31 +105,42 @@ func (s *Scheduler) waitInLine(ctx context.Context, t *asynq.Task, queue, id str
 }
 
 func (s *Scheduler) waitIn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, line *lineSpot) error {
-	s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 	if !exhausted(ctx) {
-		return &waitError{wait: s.note(ctx, queue, id, wait, line)}
+		wait, err := s.note(ctx, queue, id, wait, line)
+		if err != nil {
+			return err
+		}
+		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+		return &waitError{wait: wait}
 	}
-	return s.requeue(ctx, t, queue, id, wait, line)
+	err := s.requeue(ctx, t, queue, id, wait, line)
+	if !errors.Is(err, errLetOut) {
+		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+	}
+	return err
 }
 
 // note notes task id of queue in the wake set, due back in wait, or in
 // its key's line; it returns when asynq should bring it back by itself
-// if nobody does (less wakeLatest).
-func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Duration, line *lineSpot) time.Duration {
+// if nobody does (less wakeLatest). errLetOut: the task books instead.
+func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Duration, line *lineSpot) (time.Duration, error) {
 	if line == nil {
 		if err := s.noteWake(ctx, queue, id, wait); err != nil {
 			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
 		}
-		return wait
+		return wait, nil
 	}
 	est, err := s.park(ctx, queue, id, line)
+	if errors.Is(err, errLetOut) {
+		return 0, err
+	}
 	if err != nil {
 		s.log.Warn("cannot put a task in its key's line; it asks again in a second", "queue", queue, "id", id, "err", err)
-		return redisRetry
+		return redisRetry, nil
 	}
 	// The waker lets it out as its key's share allows; asynq's own
 	// schedule is the fallback, well after the estimate.
-	return 2*est + parkedFallback
+	return 2*est + parkedFallback, nil
 }
 
 // requeue sends a copy of the task back to Redis, due in wait, and revokes
@@ -149,6 +160,9 @@ func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue, id string
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		err := s.copyForLater(ctx, t, queue, id, wait, line)
+		if errors.Is(err, errLetOut) {
+			return err
+		}
 		if err == nil {
 			if attempt > 1 {
 				s.log.Info("requeued a task that must wait", "queue", queue, "id", id, "attempts", attempt)
@@ -208,7 +222,9 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		// In its line before it exists, so that asynq's schedule can be
 		// the fallback after the estimate. A copy let out before it is
 		// made comes back by that fallback.
-		wait = s.note(ctx, queue, copyID(1), 0, line)
+		if wait, err = s.note(ctx, queue, copyID(1), 0, line); err != nil {
+			return err
+		}
 	}
 	opts := []asynq.Option{
 		asynq.Queue(queue),
@@ -239,7 +255,7 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 			return err
 		}
 		if line == nil || try > 1 {
-			s.note(ctx, queue, copyID, wait, line)
+			_, _ = s.note(ctx, queue, copyID, wait, line)
 		}
 		return nil
 	}
@@ -269,6 +285,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		wait = time.Second // no usable Retry-After: a short pause, then ask the quotas again
 	}
 	longest := time.Duration(0)
+	vars := newTaskVars(queue, id, t.Type(), t.Payload())
 	for _, g := range gs.quotasOf(t.Type()) {
 		block := wait
 		if block > g.limit.MaxBlock {
@@ -277,6 +294,15 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		}
 		longest = max(longest, block)
 		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
+		if g.expr != nil {
+			// A keyed quota blocks the task's key value only, in Redis: turns
+			// it booked before are still used.
+			c := s.claimOf(g, vars)
+			if err := c.lim.Block(ctx, c.key, block); err != nil {
+				s.log.Warn("cannot block a quota's key after an upstream said no", "quota", g.key, "err", err)
+			}
+			continue
+		}
 		s.block(g.key, s.clock.Now().Add(block))
 		if err := g.lim.Block(ctx, g.key, block); err != nil {
 			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)

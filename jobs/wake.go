@@ -29,6 +29,7 @@ const (
 	// the rest in the worker (see hold).
 	wakeAhead   = 50 * time.Millisecond
 	wakeMinIdle = wakeAhead              // not sooner: then a look takes nothing new
+	fairLook    = 20 * time.Millisecond  // how often a waker lets tasks out of fair lines
 	wakeMaxIdle = 100 * time.Millisecond // the waker's longest sleep: a task noted by another worker waits at most that
 	wakeLease   = time.Second            // a waker that dies is replaced this soon
 	wakeWatch   = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
@@ -76,7 +77,7 @@ func (s *Scheduler) wake(ctx context.Context) {
 			d, ok := s.wakeQueue(ctx, queue)
 			idle, waker[queue] = min(idle, d), ok
 		}
-		if idle > 0 {
+		if idle > fairLook {
 			idle = max(idle, wakeMinIdle)
 		}
 		next := s.clock.Now().Add(idle)
@@ -142,6 +143,11 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 	}
 	if next < 0 {
 		return wakeMaxIdle, true
+	}
+	if next == 0 {
+		// Tasks wait in fair lines (or are due): look again soon, not at
+		// once.
+		return fairLook, true
 	}
 	return min(time.Duration(next)*time.Microsecond-wakeAhead, wakeMaxIdle), true
 }

@@ -23,7 +23,7 @@
 -- keys (sorted set): the keys with a line, by when last served
 -- Key values m are escaped as hash tags are (no spaces).
 
-local FAIR_FAR = 2 ^ 50 -- an instant no booking waits for: a refusal
+local FAIR_FAR = 2 ^ 50 -- µs beyond any booking's wait: a refusal
 
 local function fair_num(state, field)
   return tonumber(redis.call('HGET', state, field) or 0)
@@ -87,7 +87,7 @@ local function new_fair(state, aux, p)
   -- sends the task to its line.
   function self.earliest(at)
     if fair_fits(state, m, weight, depth, p.n) then return at end
-    return FAIR_FAR
+    return self.now + FAIR_FAR
   end
 
   function self.record(at)

@@ -26,9 +26,11 @@
 -- park:   ARGV[3] -> a task id, ARGV[4] -> its booking id, ARGV[5] -> its
 --         key value (as fair.lua names it), ARGV[6] -> its weight,
 --         ARGV[7] -> its cost, ARGV[8], ARGV[9] -> the drain's limit and
---         period (µs)
+--         period (µs), ARGV[10] -> '1': not if the task was let out of its
+--         line (it books)
 -- Output  -> park: about how many µs until its key's share lets it out
---            (if every active key stays backlogged); note: 1; take: {µs until a task is due (-1: none left), then
+--            (if every active key stays backlogged), -1 if it was let out;
+--            note: 1; take: {µs until a task is due (-1: none left), then
 --            per task taken its id and µs since it was due (negative: due
 --            yet)}, or {-2, µs until the waker's lease ends} when another
 --            worker is the waker; resign: 1 if it was the waker; rush: how
@@ -44,6 +46,11 @@ if op == 'park' then
   local id, booking, m = ARGV[3], ARGV[4], ARGV[5]
   local weight, n = tonumber(ARGV[6]), tonumber(ARGV[7])
   fair_trim(state, aux, now)
+  -- A task let out of its line must book, not wait again (a worker that
+  -- saw its key refused a moment ago would send it back to the line).
+  if ARGV[10] == '1' and redis.call('ZSCORE', aux, string.format('r %s %d %s', m, n, booking)) then
+    return -1
+  end
   local seq = redis.call('HINCRBY', state, 's', 1)
   redis.call('ZADD', lines, 0, string.format('%s %015d %d %d %s%s', m, seq, n, #id, id, booking))
   local waiting = redis.call('HINCRBY', state, 'p:' .. m, 1)
