@@ -22,11 +22,11 @@ type gateSet struct {
 	quotas   map[string]*gate // by quota name
 	queueSem map[string]*throttle.Semaphore
 	typeSem  map[string]*throttle.Semaphore
-	typeKey  map[string]*keyExpr // concurrency_key, by task type
+	typeKey  map[string]*keyExpr  // concurrency_key, by task type
 	fair     map[string]*fairGate // by queue
-	lend     bool          // pools may lend turns (not on a test's clock)
-	replaced chan struct{} // closed when a config with other limits replaces this one
-	pools    sync.Map      // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
+	lend     bool                 // pools may lend turns (not on a test's clock)
+	replaced chan struct{}        // closed when a config with other limits replaces this one
+	pools    sync.Map             // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
 }
 
 // gate is one rate limit: a limiter on Redis that applies its own failure
