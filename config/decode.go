@@ -304,10 +304,10 @@ func checkNames(data []byte) []error {
 		return nil // viper has read it, so this does not happen
 	}
 	var errs []error
-	check := func(key, name string) {
+	check := func(key, name string, hint string) {
 		switch {
 		case name != strings.ToLower(name):
-			errs = append(errs, fmt.Errorf("%s.%s: names must be lower case (config keys are case-insensitive; a key expression can give lower case with lowerAscii())", key, name))
+			errs = append(errs, fmt.Errorf("%s.%s: names must be lower case (config keys are case-insensitive)%s", key, name, hint))
 		case strings.Contains(name, delim) || strings.HasSuffix(name, ":"):
 			errs = append(errs, fmt.Errorf("%s.%s: names must not contain %q or end in \":\"", key, name, delim))
 		}
@@ -318,13 +318,13 @@ func checkNames(data []byte) []error {
 			m, _ = m[p].(map[string]any)
 		}
 		for _, name := range slices.Sorted(maps.Keys(m)) {
-			check(key+"."+strings.Join(path, "."), name)
+			check(key+"."+strings.Join(path, "."), name, "; a key expression can give lower case with lowerAscii()")
 		}
 	}
 	for _, section := range []string{"queues", "quotas", "tasks"} {
 		entries, _ := doc[section].(map[string]any)
 		for _, name := range slices.Sorted(maps.Keys(entries)) {
-			check(section, name)
+			check(section, name, "")
 			entry, _ := entries[name].(map[string]any)
 			key := section + "." + name
 			switch section {
