@@ -15,25 +15,6 @@ import (
 	"github.com/sluicehq/sluice/jobs"
 )
 
-// enqueueKeyed puts n http:request tasks into queue, their paths under
-// prefix, each with the headers, every other one with MaxRetry 0.
-func (r *fleetRun) enqueueKeyed(t *testing.T, client *asynq.Client, queue, prefix string, n int, headers map[string]string) {
-	t.Helper()
-	for i := 0; i < n; i++ {
-		task, err := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/%s/%d", r.u.URL, prefix, i), Headers: headers})
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts := []asynq.Option{asynq.Queue(queue)}
-		if i%2 == 0 {
-			opts = append(opts, asynq.MaxRetry(0))
-		}
-		if _, err := client.Enqueue(task, opts...); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // fairCosts reports limiter calls and trips to Redis per task, and fails
 // the test if they are above the targets (1.5 and 2.5).
 func (r *fleetRun) fairCosts(t *testing.T, tasks int) {
@@ -69,12 +50,12 @@ queues:
 	client := asynq.NewClient(r.asynqOpt(t))
 	defer client.Close()
 	start := time.Now()
-	r.enqueueKeyed(t, client, queue, "big", big, map[string]string{"X-Tenant": "big"})
+	enqueueWithHeaders(t, client, r.u.URL, queue, "big", big, map[string]string{"X-Tenant": "big"})
 	time.Sleep(time.Until(start.Add(2 * time.Second)))
 	enqueued := make([]time.Time, small)
 	for i := range small {
 		enqueued[i] = time.Now()
-		r.enqueueKeyed(t, client, queue, fmt.Sprintf("t%d", i), each, map[string]string{"X-Tenant": fmt.Sprintf("t%d", i)})
+		enqueueWithHeaders(t, client, r.u.URL, queue, fmt.Sprintf("t%d", i), each, map[string]string{"X-Tenant": fmt.Sprintf("t%d", i)})
 	}
 	arrivals := r.finish(t, big+small*each, 60*time.Second, queue)
 	worst := time.Duration(0)
@@ -113,8 +94,8 @@ queues:
 	client := asynq.NewClient(r.asynqOpt(t))
 	defer client.Close()
 	for i := range each / 100 {
-		r.enqueueKeyed(t, client, queue, fmt.Sprintf("vip%d", i), 100, map[string]string{"X-Tenant": "vip"})
-		r.enqueueKeyed(t, client, queue, fmt.Sprintf("std%d", i), 100, map[string]string{"X-Tenant": "std"})
+		enqueueWithHeaders(t, client, r.u.URL, queue, fmt.Sprintf("vip%d", i), 100, map[string]string{"X-Tenant": "vip"})
+		enqueueWithHeaders(t, client, r.u.URL, queue, fmt.Sprintf("std%d", i), 100, map[string]string{"X-Tenant": "std"})
 	}
 	arrivals := r.finish(t, 2*each, 60*time.Second, queue)
 	vip := r.u.Matching(func(p string) bool { return len(p) > 4 && p[1:4] == "vip" })
