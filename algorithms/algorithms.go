@@ -241,6 +241,12 @@ type Algorithm struct {
 func limitCapacity(p Params) int64 { return p.Limit }
 func burstCapacity(p Params) int64 { return p.Burst }
 
+// FairShare is not a limit but a queue's share among the values of a key
+// (see lua/fair.lua): Burst is the depth of the drain's future shared,
+// Windows the claim's weight. It runs only in Redis: it has no state in
+// Go, and callers let a claim of it through when Redis fails.
+var FairShare = &Algorithm{Name: "fair_share", Capacity: burstCapacity}
+
 // All lists the five algorithms.
 var All = []*Algorithm{FixedWindow, SlidingLog, SlidingCounter, TokenBucket, LeakyBucket}
 

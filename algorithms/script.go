@@ -57,6 +57,7 @@ type OpClaim struct {
 	GiveBack  string // pieces to give back first, or ""
 	ID        string // the turn's ID, or ""
 	KeptKey   string // where the turn kept under ID lives, in the same slot
+	Member    string // FairShare: the key value whose share it is; "" otherwise
 }
 
 // Op is one run of the book script and, once run, its outcome.
@@ -96,7 +97,7 @@ func (op *Op) args() []any {
 	if op.Exact {
 		exact = "1"
 	}
-	args := make([]any, 0, 8+8*len(op.Claims))
+	args := make([]any, 0, 8+9*len(op.Claims))
 	var notBefore any = op.NotBefore
 	if op.Ahead > 0 {
 		notBefore = "+" + strconv.FormatInt(op.Ahead, 10)
@@ -104,7 +105,7 @@ func (op *Op) args() []any {
 	args = append(args, clock, op.Name, notBefore, op.MaxWait, exact, op.Slack, op.Late, len(op.Claims))
 	for _, c := range op.Claims {
 		p := c.Params
-		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack, c.ID)
+		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack, c.ID, c.Member)
 	}
 	return args
 }

@@ -304,14 +304,35 @@ func checkNames(data []byte) []error {
 		return nil // viper has read it, so this does not happen
 	}
 	var errs []error
+	check := func(key, name string, hint string) {
+		switch {
+		case name != strings.ToLower(name):
+			errs = append(errs, fmt.Errorf("%s.%s: names must be lower case (config keys are case-insensitive)%s", key, name, hint))
+		case strings.Contains(name, delim) || strings.HasSuffix(name, ":"):
+			errs = append(errs, fmt.Errorf("%s.%s: names must not contain %q or end in \":\"", key, name, delim))
+		}
+	}
+	// Key values named under overrides and fairness weights are names too.
+	nested := func(key string, m map[string]any, path ...string) {
+		for _, p := range path {
+			m, _ = m[p].(map[string]any)
+		}
+		for _, name := range slices.Sorted(maps.Keys(m)) {
+			check(key+"."+strings.Join(path, "."), name, "; a key expression can give lower case with lowerAscii()")
+		}
+	}
 	for _, section := range []string{"queues", "quotas", "tasks"} {
 		entries, _ := doc[section].(map[string]any)
 		for _, name := range slices.Sorted(maps.Keys(entries)) {
-			switch {
-			case name != strings.ToLower(name):
-				errs = append(errs, fmt.Errorf("%s.%s: names must be lower case (config keys are case-insensitive)", section, name))
-			case strings.Contains(name, delim) || strings.HasSuffix(name, ":"):
-				errs = append(errs, fmt.Errorf("%s.%s: names must not contain %q or end in \":\"", section, name, delim))
+			check(section, name, "")
+			entry, _ := entries[name].(map[string]any)
+			key := section + "." + name
+			switch section {
+			case "queues":
+				nested(key, entry, "drain", "overrides")
+				nested(key, entry, "fairness", "weights")
+			case "quotas":
+				nested(key, entry, "overrides")
 			}
 		}
 	}

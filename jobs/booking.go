@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -21,12 +22,15 @@ const lateTolerance = 0
 
 // booking is what a task's gates gave it.
 type booking struct {
-	gates []*gate
-	turns []throttle.Reservation // one per gate: given back if the task will not use them
-	ready time.Time              // on our clock: when its turns come (zero: it has no gates)
+	claims []claim
+	turns  []throttle.Reservation // one per claim: given back if the task will not use them
+	ready  time.Time              // on our clock: when its turns come (zero: it has no gates)
 	// askIn, if > 0, is how soon to ask the gates again: no turn within
 	// worker.reserve_max, or Redis could not decide.
 	askIn time.Duration
+	// line, if not nil: the task's key holds its fair share of the drain;
+	// the task waits in its key's line.
+	line *lineSpot
 }
 
 // bookingID names a task's turns in the limiters: the same for the task
@@ -39,38 +43,63 @@ func bookingID(queue, id string, t *asynq.Task) string {
 	return queue + "/" + id
 }
 
+// fresh reports whether the task comes from its producer, not back from
+// waiting in Redis (where it may hold turns under its booking ID).
+func fresh(ctx context.Context, t *asynq.Task) bool {
+	n, _ := asynq.GetRetryCount(ctx)
+	return n == 0 && t.Headers()[headerOrigin] == ""
+}
+
 // book gives the task one turn on all its rate gates at once: the earliest
 // instant at which every one of them admits it (throttle.Book). A task back
 // for turns it booked before gets them under its booking ID, counting
 // nothing; back too late for them, or after a gate changed, it books anew
-// and what it held is given back, in the same step.
-func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task) (booking, error) {
-	gates := gs.gatesOf(queue, t.Type())
-	if len(gates) == 0 {
+// and what it held is given back, in the same step. In a queue with
+// fairness the turn is booked on the queue's fair share too, and a task
+// whose key holds its share already waits in its key's line instead.
+func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool) (booking, error) {
+	vars := newTaskVars(queue, id, t.Type(), t.Payload())
+	claims := s.claimsOf(gs, queue, t.Type(), vars)
+	if len(claims) == 0 {
 		return booking{}, nil
 	}
 	cost, bid := gs.cost(t.Type()), bookingID(queue, id, t)
-	if b, ok := s.lent(ctx, gs, gates, cost, t); ok {
+	var spot *lineSpot
+	if f := gs.fair[queue]; f != nil {
+		spot = &lineSpot{fair: f, key: s.keyOf(f.name, f.expr, vars), booking: bid, cost: cost}
+		if !letOut && fresh(ctx, t) && f.parkedView(spot.key, s.clock.Now()) {
+			s.metrics.decisions.WithLabelValues(f.name, "parked").Inc()
+			spot.seen = true
+			return booking{line: spot}, nil
+		}
+	}
+	if b, ok := s.lent(ctx, gs, queue, claims, cost, t); ok {
 		return b, nil
 	}
-	claims := make([]throttle.Claim, len(gates))
-	for i, g := range gates {
-		claims[i] = throttle.Claim{Limiter: g.lim, Key: g.key, N: cost, ID: bid}
+	bookClaims := make([]throttle.Claim, 0, len(claims)+1)
+	fairAt := -1
+	for i, c := range claims {
+		bookClaims = append(bookClaims, throttle.Claim{Limiter: c.lim, Key: c.key, N: cost, ID: bid})
+		if i == 0 && spot != nil {
+			// Next to the drain, in its slot: one script run books both.
+			fairAt = len(bookClaims)
+			bookClaims = append(bookClaims, throttle.Claim{Limiter: spot.fair.lim, Key: spot.key, N: cost, ID: bid})
+		}
 	}
 	s.metrics.bookings.WithLabelValues(queue).Inc()
 	start := time.Now()
-	bk, err := throttle.Book(ctx, claims, time.Time{}, gs.cfg.Worker.ReserveMax, throttle.MaxLate(lateTolerance))
+	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, gs.cfg.Worker.ReserveMax, throttle.MaxLate(lateTolerance))
 	elapsed := time.Since(start).Seconds()
-	for _, g := range gates {
-		s.metrics.evaluations.WithLabelValues(g.name).Inc()
-		s.metrics.scriptSeconds.WithLabelValues(g.name).Observe(elapsed)
+	for _, c := range claims {
+		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
+		s.metrics.scriptSeconds.WithLabelValues(c.g.name).Observe(elapsed)
 	}
 	if errors.Is(err, throttle.ErrRedisDenied) {
 		// The task waits in Redis, not in a slot, and asks again soon.
-		for _, g := range gates {
-			s.metrics.redisErrors.WithLabelValues(g.name).Inc()
-			if g.limit.OnRedisError == OnRedisErrorDeny {
-				s.metrics.fallbacks.WithLabelValues(g.name, OnRedisErrorDeny).Inc()
+		for _, c := range claims {
+			s.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
+			if c.g.limit.OnRedisError == OnRedisErrorDeny {
+				s.metrics.fallbacks.WithLabelValues(c.g.name, OnRedisErrorDeny).Inc()
 			}
 		}
 		s.logRedisError(queue, err)
@@ -79,21 +108,36 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	if err != nil {
 		return booking{}, err
 	}
-	for i, g := range gates {
-		if fb := bk.Turns[i].Fallback; fb != "" {
-			s.metrics.redisErrors.WithLabelValues(g.name).Inc()
-			s.metrics.fallbacks.WithLabelValues(g.name, fb).Inc()
+	turns := bk.Turns
+	if fairAt >= 0 {
+		// The fair share's turn goes with the drain's: given back with it.
+		fairTurn := turns[fairAt]
+		turns = append(slices.Clone(turns[:fairAt]), turns[fairAt+1:]...)
+		if !bk.OK && fairTurn.Delay > 0 {
+			spot.fair.refused(spot.key, s.clock.Now())
+			s.metrics.decisions.WithLabelValues(spot.fair.name, "parked").Inc()
+			return booking{line: spot}, nil
+		}
+		claims = append(claims, claim{g: &gate{name: spot.fair.name}, lim: spot.fair.lim, key: spot.key})
+		turns = append(turns, fairTurn)
+	}
+	for i, c := range claims {
+		// The fair share's claim is let through when Redis fails: the
+		// drain's own policy is what counts.
+		if fb := turns[i].Fallback; fb != "" && c.g.limit.Limit > 0 {
+			s.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
+			s.metrics.fallbacks.WithLabelValues(c.g.name, fb).Inc()
 		}
 	}
 	if !bk.OK {
 		// The gate that needs the longest wait is the one that deferred.
 		refused := 0
-		for i, turn := range bk.Turns {
-			if turn.Delay > bk.Turns[refused].Delay {
+		for i, turn := range turns {
+			if turn.Delay > turns[refused].Delay {
 				refused = i
 			}
 		}
-		s.metrics.decisions.WithLabelValues(gates[refused].name, "deferred").Inc()
+		s.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()
 		return booking{askIn: max(bk.Delay-gs.cfg.Worker.ReserveMax, 0) + time.Second}, nil
 	}
 	result := "now"
@@ -103,27 +147,74 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	case bk.Delay > 0:
 		result = "reserved"
 	}
-	for i, g := range gates {
-		s.metrics.decisions.WithLabelValues(g.name, result).Inc()
-		if !bk.Kept {
-			s.metrics.remaining.WithLabelValues(g.name).Set(float64(bk.Turns[i].Remaining))
+	for i, c := range claims {
+		s.metrics.decisions.WithLabelValues(c.g.name, result).Inc()
+		if !bk.Kept && c.g.expr == nil && c.g.limit.Limit > 0 {
+			s.metrics.remaining.WithLabelValues(c.g.name).Set(float64(turns[i].Remaining))
 		}
 	}
 	s.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay, "kept", bk.Kept)
 	// The wait is the script's own, from when its answer came: no clock but
 	// Redis's is involved (the answer's way back makes it a little late,
 	// never early).
-	return booking{gates: gates, turns: bk.Turns, ready: s.clock.Now().Add(bk.Delay)}, nil
+	return booking{claims: claims, turns: turns, ready: s.clock.Now().Add(bk.Delay)}, nil
+}
+
+// claimsOf lists the claims a task makes, in order: its queue's drain,
+// then its type's quotas; a keyed gate's claim is on the task's key value.
+func (s *Scheduler) claimsOf(gs *gateSet, queue, typ string, vars *taskVars) []claim {
+	var claims []claim
+	for _, g := range gs.gatesOf(queue, typ) {
+		claims = append(claims, s.claimOf(g, vars))
+	}
+	return claims
+}
+
+// claimOf is the task's claim on gate g: on its key value if g is
+// keyed, with that value's own limit if it has one.
+func (s *Scheduler) claimOf(g *gate, vars *taskVars) claim {
+	if g.expr == nil {
+		return claim{g: g, lim: g.lim, key: g.key}
+	}
+	key := s.keyOf(g.name, g.expr, vars)
+	if ov := g.overrides[key]; ov != nil {
+		return claim{g: g, lim: ov.lim, key: key}
+	}
+	return claim{g: g, lim: g.lim, key: key}
+}
+
+// keyOf is the task's key value for the limit named gate: what expr gives,
+// or DefaultKey if it fails (counted, and logged at most once a minute per
+// limit): a task is never failed for its key.
+func (s *Scheduler) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
+	key, err := expr.eval(vars)
+	if err == nil {
+		return key
+	}
+	s.metrics.keyFallbacks.WithLabelValues(gate).Inc()
+	if d, _ := s.keyLogGate.AllowN(context.Background(), gate, 1); d.Allowed {
+		s.log.Warn("a task's key expression failed; the task takes the limit's default key (further failures of this limit in the next minute are only counted)",
+			"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "default", DefaultKey)
+	}
+	return DefaultKey
 }
 
 // lent gives a task that never booked before a turn lent by its gates' pool
 // (throttle.Pool): most tasks of gates far from their limits go without a
 // round trip to Redis. A task back from Redis books: it may hold turns under
 // its booking ID. A pool that cannot lend now (its gates near their limits,
-// or Redis failing) leaves the task to book.
-func (s *Scheduler) lent(ctx context.Context, gs *gateSet, gates []*gate, cost int, t *asynq.Task) (booking, bool) {
-	if n, _ := asynq.GetRetryCount(ctx); n > 0 || t.Headers()[headerOrigin] != "" {
+// or Redis failing) leaves the task to book. Keyed gates and queues with
+// fairness book every task: a pool per key value would be unbounded.
+func (s *Scheduler) lent(ctx context.Context, gs *gateSet, queue string, claims []claim, cost int, t *asynq.Task) (booking, bool) {
+	if !fresh(ctx, t) || gs.fair[queue] != nil {
 		return booking{}, false
+	}
+	gates := make([]*gate, len(claims))
+	for i, c := range claims {
+		if c.g.expr != nil {
+			return booking{}, false
+		}
+		gates[i] = c.g
 	}
 	pool := gs.poolOf(gates, cost)
 	if pool == nil {
@@ -144,10 +235,10 @@ func (s *Scheduler) lent(ctx context.Context, gs *gateSet, gates []*gate, cost i
 // another task may.
 func (s *Scheduler) giveBack(ctx context.Context, b booking) {
 	ctx = context.WithoutCancel(ctx)
-	for i, g := range b.gates {
-		s.metrics.evaluations.WithLabelValues(g.name).Inc()
-		if err := g.lim.Cancel(ctx, g.key, b.turns[i]); err != nil {
-			s.log.Warn("cannot give back a turn; it is lost", "gate", g.name, "err", err)
+	for i, c := range b.claims {
+		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
+		if err := c.lim.Cancel(ctx, c.key, b.turns[i]); err != nil {
+			s.log.Warn("cannot give back a turn; it is lost", "gate", c.g.name, "err", err)
 		}
 	}
 }

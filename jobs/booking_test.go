@@ -65,7 +65,7 @@ func newBookingFixture(t *testing.T, rdb redis.UniversalClient, drain LimitConfi
 // book books task id of test:call.
 func (f *bookingFixture) book(t *testing.T, id string) booking {
 	t.Helper()
-	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil))
+	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil), false)
 	if err != nil {
 		t.Fatalf("book: %v", err)
 	}
@@ -177,7 +177,7 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	}
 	back := func(id string, headers map[string]string) booking {
 		t.Helper()
-		b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers))
+		b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,8 +220,8 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	}
 	gs := f.s.gates.Load()
 	for i, g := range gs.gatesOf(f.queue, "test:call") {
-		if rebooked.gates[i] != g {
-			t.Fatalf("rebooked on gate %q, want the gate in force %q", rebooked.gates[i].tag, g.tag)
+		if rebooked.claims[i].g != g {
+			t.Fatalf("rebooked on gate %q, want the gate in force %q", rebooked.claims[i].g.tag, g.tag)
 		}
 	}
 	if again := f.book(t, "again"); !again.ready.Equal(next.ready.Add(40 * ms)) {

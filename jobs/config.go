@@ -58,6 +58,18 @@ type QueueConfig struct {
 	// OnRedisErrorAllow.
 	ConcurrencyOnRedisError string
 	Drain                   *LimitConfig // nil: the queue is not rate-limited
+	// Fairness shares the drain among the values of a key (tenants, say)
+	// in proportion to their weights; nil: first come, first served.
+	Fairness *FairnessConfig
+}
+
+// FairnessConfig shares a queue's drain among the keys that have tasks
+// waiting, in proportion to their weights, counting each task's cost: a
+// key that needs less than its share leaves the rest to the others
+// (max-min fair). See fair.go.
+type FairnessConfig struct {
+	Key     string         // a CEL expression over the task (see keys.go)
+	Weights map[string]int // by key value; 1 when not listed
 }
 
 // LimitConfig is one rate limit: a throttle.Spec and what to do when Redis
@@ -73,6 +85,46 @@ type LimitConfig struct {
 	// (quotas only; default 10m): one header must not freeze a task type
 	// for years.
 	MaxBlock time.Duration
+	// Key, if set, is a CEL expression over the task (see keys.go): the
+	// limit then holds separately for every value it gives.
+	Key string
+	// Overrides give some key values a limit of their own: each field set
+	// replaces the limit's, the others are inherited.
+	Overrides map[string]LimitOverride
+}
+
+// LimitOverride is one key value's own limit; zero fields are inherited.
+type LimitOverride struct {
+	Algorithm    string
+	Limit        int
+	Period       time.Duration
+	Burst        int
+	Windows      int
+	OnRedisError string
+}
+
+// override is l for the key value with o: o's fields where set.
+func (l LimitConfig) override(o LimitOverride) LimitConfig {
+	if o.Algorithm != "" {
+		l.Algorithm = o.Algorithm
+	}
+	if o.Limit != 0 {
+		l.Limit = o.Limit
+	}
+	if o.Period != 0 {
+		l.Period = o.Period
+	}
+	if o.Burst != 0 {
+		l.Burst = o.Burst
+	}
+	if o.Windows != 0 {
+		l.Windows = o.Windows
+	}
+	if o.OnRedisError != "" {
+		l.OnRedisError = o.OnRedisError
+	}
+	l.Key, l.Overrides = "", nil
+	return l
 }
 
 // defaultMaxBlock is a quota's MaxBlock unless the config says otherwise.
@@ -90,6 +142,10 @@ type TaskConfig struct {
 	Schema string
 	// ConcurrencyOnRedisError is as for QueueConfig.
 	ConcurrencyOnRedisError string
+	// ConcurrencyKey, if set, is a CEL expression over the task (see
+	// keys.go): Concurrency then holds per value it gives (at most 2
+	// running exports per customer), fleet-wide.
+	ConcurrencyKey string
 }
 
 // HTTPConfig limits the http:request job type.
@@ -232,6 +288,25 @@ func (c Config) Validate() []error {
 				bad(key+".drain.max_block", "applies to quotas only: an upstream's Retry-After blocks the quotas of the task's type, never a queue's drain")
 			}
 		}
+		if f := q.Fairness; f != nil {
+			if q.Drain == nil {
+				bad(key+".fairness", "shares the queue's drain among keys, but the queue has no drain; give it one (queues.%s.drain)", name)
+			} else if q.Drain.Key != "" {
+				bad(key+".fairness", "cannot share a keyed drain (queues.%s.drain.key): each key has a drain of its own already", name)
+			}
+			errs = append(errs, validateKeyExpr(key+".fairness.key", f.Key, true)...)
+			if len(f.Weights) > maxOverrides {
+				bad(key+".fairness.weights", "at most %d are allowed, got %d", maxOverrides, len(f.Weights))
+			}
+			for _, v := range sortedKeys(f.Weights) {
+				if len(v) > maxKeyName {
+					bad(key+".fairness.weights", "a key value is at most %d bytes, got %d (%.20q...)", maxKeyName, len(v), v)
+				}
+				if w := f.Weights[v]; w < 1 || w > maxWeight {
+					bad(key+".fairness.weights."+v, "must be between 1 and %d, got %d", maxWeight, w)
+				}
+			}
+		}
 	}
 	for _, name := range sortedKeys(c.Quotas) {
 		errs = append(errs, c.Quotas[name].validate("quotas."+name)...)
@@ -253,8 +328,17 @@ func (c Config) Validate() []error {
 		// A task that costs more than a gate can ever admit at once would
 		// wait forever.
 		for _, quota := range t.Quotas {
-			if l, ok := c.Quotas[quota]; ok && t.Cost > l.Spec().Capacity() && l.Spec().Validate() == nil {
+			l, ok := c.Quotas[quota]
+			if !ok {
+				continue
+			}
+			if t.Cost > l.Spec().Capacity() && l.Spec().Validate() == nil {
 				bad(key+".cost", "%d is more than quota %q can ever admit at once (%d); lower the cost or raise the quota's burst", t.Cost, quota, l.Spec().Capacity())
+			}
+			for _, v := range sortedKeys(l.Overrides) {
+				if o := l.override(l.Overrides[v]).Spec(); t.Cost > o.Capacity() && o.Validate() == nil {
+					bad(key+".cost", "%d is more than quota %q can ever admit at once for key %q (%d); lower the cost or raise that override's burst", t.Cost, quota, v, o.Capacity())
+				}
 			}
 		}
 		for _, queue := range sortedKeys(c.Queues) {
@@ -264,6 +348,12 @@ func (c Config) Validate() []error {
 		}
 		if t.Concurrency < 0 {
 			bad(key+".concurrency", "must be >= 0 (0: no limit), got %d", t.Concurrency)
+		}
+		if t.ConcurrencyKey != "" {
+			errs = append(errs, validateKeyExpr(key+".concurrency_key", t.ConcurrencyKey, true)...)
+			if t.Concurrency == 0 {
+				bad(key+".concurrency_key", "needs %s.concurrency: it is the limit that holds per key", key)
+			}
 		}
 		errs = append(errs, validateSlotPolicy(key, t.ConcurrencyOnRedisError)...)
 	}
@@ -304,7 +394,33 @@ func (l LimitConfig) validate(key string) []error {
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", key, err))
 	}
+	errs = append(errs, validateKeyExpr(key+".key", l.Key, false)...)
+	if len(l.Overrides) > 0 && l.Key == "" {
+		errs = append(errs, fmt.Errorf("%s.overrides: apply to key values, but the limit has no key; give it one (%s.key)", key, key))
+	}
+	if len(l.Overrides) > maxOverrides {
+		errs = append(errs, fmt.Errorf("%s.overrides: at most %d are allowed, got %d", key, maxOverrides, len(l.Overrides)))
+	}
+	for _, v := range sortedKeys(l.Overrides) {
+		if len(v) > maxKeyName {
+			errs = append(errs, fmt.Errorf("%s.overrides: a key value is at most %d bytes, got %d (%.20q...)", key, maxKeyName, len(v), v))
+			continue
+		}
+		errs = append(errs, l.override(l.Overrides[v]).validate(key+".overrides."+v)...)
+	}
 	return errs
+}
+
+// validateKeyExpr checks a key expression: it must compile and type-check
+// (the problem names where in it), or be empty unless required.
+func validateKeyExpr(key, source string, required bool) []error {
+	if source == "" && !required {
+		return nil
+	}
+	if _, err := compileKey(source); err != nil {
+		return []error{fmt.Errorf("%s: %w", key, err)}
+	}
+	return nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -245,6 +245,9 @@ func (s *Scheduler) takeBlock(payload string) {
 // while this worker was not subscribed, their messages never reached it.
 func (s *Scheduler) readBlocks(ctx context.Context) {
 	for _, g := range s.gates.Load().quotas {
+		if g.expr != nil {
+			continue // a keyed quota's blocks are per key value, in Redis only
+		}
 		level, err := g.lim.Peek(ctx, g.key)
 		if err != nil {
 			s.log.Warn("cannot read back whether a quota is blocked", "quota", g.key, "err", err)

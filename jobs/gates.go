@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -21,9 +22,11 @@ type gateSet struct {
 	quotas   map[string]*gate // by quota name
 	queueSem map[string]*throttle.Semaphore
 	typeSem  map[string]*throttle.Semaphore
-	lend     bool          // pools may lend turns (not on a test's clock)
-	replaced chan struct{} // closed when a config with other limits replaces this one
-	pools    sync.Map      // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
+	typeKey  map[string]*keyExpr  // concurrency_key, by task type
+	fair     map[string]*fairGate // by queue
+	lend     bool                 // pools may lend turns (not on a test's clock)
+	replaced chan struct{}        // closed when a config with other limits replaces this one
+	pools    sync.Map             // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
 }
 
 // gate is one rate limit: a limiter on Redis that applies its own failure
@@ -31,9 +34,21 @@ type gateSet struct {
 type gate struct {
 	name  string // metric label: "drain:<queue>" or "quota:<name>"
 	tag   string // what a task's turns are kept under: name@version
-	key   string // the limiter key: the queue or quota name
+	key   string // the limiter key: the queue or quota name (unkeyed)
 	limit LimitConfig
 	lim   throttle.Reserver
+	// expr, if not nil, makes the gate keyed: the limiter key is the
+	// task's key value, under a prefix of the gate's own.
+	expr *keyExpr
+	// overrides are the key values with a limit of their own (keyed).
+	overrides map[string]*gate
+}
+
+// claim is a gate's limiter and key for one task.
+type claim struct {
+	g   *gate
+	lim throttle.Reserver
+	key string
 }
 
 // gateOptions are what every gate's limiter is built with besides its
@@ -48,16 +63,28 @@ type gateOptions struct {
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
+		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
 		lend: o.clock == nil, replaced: make(chan struct{})}
-	newGate := func(kind, name string, l LimitConfig) (*gate, error) {
+	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
+	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
 		// A changed limit starts from a fresh state under a new version: the
 		// old state holds turns booked at the old rate, which would keep the
 		// queue at that rate until they are all used. Turns booked under an
 		// old version are booked again.
 		spec := l.Spec()
 		version := specVersion(spec)
+		prefix := "sluice:" + kind + ":" + version + ":"
+		if keyed == "" && l.Key != "" {
+			keyed = name
+		}
+		if keyed != "" {
+			// Every key value of the gate under a prefix of its own: the
+			// value is the limiter key, so each has its own hash tag
+			// (throttle.Key), spread over the cluster's slots.
+			prefix += "k:" + url.PathEscape(keyed) + ":"
+		}
 		opts := []throttle.Option{
-			throttle.WithPrefix("sluice:" + kind + ":" + version + ":"),
+			throttle.WithPrefix(prefix),
 			throttle.WithOnRedisError(l.OnRedisError, o.workers),
 		}
 		if o.clock != nil {
@@ -68,10 +95,30 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 			return nil, fmt.Errorf("jobs: %s %q: %w", kind, name, err)
 		}
 		r, _ := throttle.AsReserver(lim)
-		return &gate{name: kind + ":" + name, tag: kind + ":" + name + "@" + version, key: name, limit: l, lim: r}, nil
+		g := &gate{name: kind + ":" + name, tag: kind + ":" + name + "@" + version, key: name, limit: l, lim: r}
+		if l.Key == "" {
+			return g, nil
+		}
+		if g.expr, err = compileKey(l.Key); err != nil {
+			return nil, fmt.Errorf("jobs: %s %q: key: %w", kind, name, err)
+		}
+		h := fnv.New32a()
+		fmt.Fprintf(h, "%s\x00", l.Key)
+		g.overrides = map[string]*gate{}
+		for _, v := range sortedKeys(l.Overrides) {
+			ov, err := newGate(kind, name, l.override(l.Overrides[v]), name+"\x00"+v)
+			if err != nil {
+				return nil, err
+			}
+			ov.name, ov.key = g.name, v
+			g.overrides[v] = ov
+			fmt.Fprintf(h, "%s=%s\x00", v, ov.tag)
+		}
+		g.tag += fmt.Sprintf("#%08x", h.Sum32())
+		return g, nil
 	}
-	newSem := func(limit int) (*throttle.Semaphore, error) {
-		opts := []throttle.Option{throttle.WithPrefix("sluice:concurrency:")}
+	newSem := func(limit int, prefix string) (*throttle.Semaphore, error) {
+		opts := []throttle.Option{throttle.WithPrefix(prefix)}
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
 		}
@@ -79,14 +126,21 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 	}
 	for name, q := range cfg.Queues {
 		if q.Drain != nil {
-			g, err := newGate("drain", name, *q.Drain)
+			g, err := newGate("drain", name, *q.Drain, "")
 			if err != nil {
 				return nil, err
 			}
 			gs.drains[name] = g
+			if q.Fairness != nil {
+				f, err := newFairGate(rdb, name, *q.Drain, *q.Fairness, o.clock)
+				if err != nil {
+					return nil, err
+				}
+				gs.fair[name] = f
+			}
 		}
 		if q.Concurrency > 0 {
-			sem, err := newSem(q.Concurrency)
+			sem, err := newSem(q.Concurrency, "sluice:concurrency:")
 			if err != nil {
 				return nil, err
 			}
@@ -94,7 +148,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		}
 	}
 	for name, l := range cfg.Quotas {
-		g, err := newGate("quota", name, l)
+		g, err := newGate("quota", name, l, "")
 		if err != nil {
 			return nil, err
 		}
@@ -102,11 +156,22 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 	}
 	for name, t := range cfg.Tasks {
 		if t.Concurrency > 0 {
-			sem, err := newSem(t.Concurrency)
+			prefix := "sluice:concurrency:"
+			if t.ConcurrencyKey != "" {
+				prefix += "k:" + url.PathEscape(name) + ":"
+			}
+			sem, err := newSem(t.Concurrency, prefix)
 			if err != nil {
 				return nil, err
 			}
 			gs.typeSem[name] = sem
+		}
+		if t.ConcurrencyKey != "" {
+			k, err := compileKey(t.ConcurrencyKey)
+			if err != nil {
+				return nil, fmt.Errorf("jobs: tasks %q: concurrency_key: %w", name, err)
+			}
+			gs.typeKey[name] = k
 		}
 	}
 	return gs, nil
@@ -190,13 +255,21 @@ func (gs *gateSet) quotasOf(typ string) []*gate {
 	return gates
 }
 
-func (gs *gateSet) semaphoresOf(queue, typ string) []slot {
+// semaphoresOf lists the concurrency limits a task takes: its queue's,
+// then its type's (per its key value with concurrency_key).
+func (s *Scheduler) semaphoresOf(gs *gateSet, queue, typ string, vars *taskVars) []slot {
 	var slots []slot
 	if sem := gs.queueSem[queue]; sem != nil {
-		slots = append(slots, slot{sem, "queue:" + queue, slotPolicy(gs.cfg.Queues[queue].ConcurrencyOnRedisError)})
+		slots = append(slots, slot{sem, "queue:" + queue, "queue:" + queue, slotPolicy(gs.cfg.Queues[queue].ConcurrencyOnRedisError)})
 	}
 	if sem := gs.typeSem[typ]; sem != nil {
-		slots = append(slots, slot{sem, "type:" + typ, slotPolicy(gs.cfg.Tasks[typ].ConcurrencyOnRedisError)})
+		sl := slot{sem, "type:" + typ, "type:" + typ, slotPolicy(gs.cfg.Tasks[typ].ConcurrencyOnRedisError)}
+		if expr := gs.typeKey[typ]; expr != nil {
+			// The semaphore of a keyed type has a prefix of its own: the
+			// key value is its key.
+			sl.key = s.keyOf("concurrency:"+sl.label, expr, vars)
+		}
+		slots = append(slots, sl)
 	}
 	return slots
 }

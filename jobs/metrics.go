@@ -19,6 +19,7 @@ type Metrics struct {
 	upstreamBusy  *prometheus.CounterVec   // quota
 	completed     *prometheus.CounterVec   // queue, type, result
 	slotsLost     *prometheus.CounterVec   // slot, result
+	keyFallbacks  *prometheus.CounterVec   // gate
 }
 
 // NewMetrics registers the metrics on reg.
@@ -26,7 +27,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gate_decisions_total",
-			Help: "Gate decisions by result: now (passed at once), lent (passed at once on a turn leased ahead, with no call to Redis), reserved (given a later turn), deferred (no turn within worker.reserve_max), held (a turn booked earlier).",
+			Help: "Gate decisions by result: now (passed at once), lent (passed at once on a turn leased ahead, with no call to Redis), reserved (given a later turn), deferred (no turn within worker.reserve_max), held (a turn booked earlier), parked (gate fair:<queue>: its key held its share, so the task waits in its key's line).",
 		}, []string{"gate", "result"}),
 		bookings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_bookings_total",
@@ -77,8 +78,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_slots_lost_total",
 			Help: "Concurrency slots a task lost while it ran (its lease ended, or would have before a renew reached Redis), by slot and result: stopped (its handler's context ended; the task runs again) or retaken (a free slot was taken again).",
 		}, []string{"slot", "result"}),
+		keyFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_key_fallbacks_total",
+			Help: "Tasks whose key expression failed (a missing field, a wrong type, a payload that is not JSON), so that they took the limit's default key, by gate (drain:<queue>, quota:<name>, fair:<queue>, concurrency:type:<name>).",
+		}, []string{"gate"}),
 	}
-	reg.MustRegister(m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }

@@ -75,6 +75,8 @@ type Scheduler struct {
 	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
 	lookNow chan struct{} // a task was noted due before the next look
 	logGate throttle.Limiter
+	// keyLogGate: a failed key expression is logged once a minute per limit.
+	keyLogGate throttle.Limiter
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -98,6 +100,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	}
 	s.workers.Store(1)
 	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
+	s.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
@@ -217,11 +220,19 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	id, _ := asynq.GetTaskID(ctx)
 	var gs *gateSet
 	var b booking
+	letOut := false
 	for {
 		gs = s.gates.Load()
 		var err error
-		if b, err = s.book(ctx, gs, queue, id, t); err != nil {
+		if b, err = s.book(ctx, gs, queue, id, t, letOut); err != nil {
 			return err
+		}
+		if b.line != nil {
+			if err := s.waitInLine(ctx, t, queue, id, b.line); !errors.Is(err, errLetOut) {
+				return err
+			}
+			letOut = true // it was let out of its line: it books
+			continue
 		}
 		if b.askIn > 0 {
 			return s.waitInRedis(ctx, t, queue, id, b.askIn)

@@ -27,12 +27,13 @@ var errSlotLost = errors.New("jobs: the task lost a concurrency slot: its lease 
 // slot is one concurrency limit a task draws on.
 type slot struct {
 	sem    *throttle.Semaphore
-	key    string // "queue:<name>" or "type:<name>"
+	key    string // the semaphore's key: "queue:<name>", "type:<name>", or a key value (concurrency_key)
+	label  string // "queue:<name>" or "type:<name>"
 	policy string // concurrency_on_redis_error
 }
 
 // gate is the slot's label in the gate metrics.
-func (sl slot) gate() string { return "concurrency:" + sl.key }
+func (sl slot) gate() string { return "concurrency:" + sl.label }
 
 // slotHold is the slots one task holds, and the context its handler runs
 // in, which ends if it loses one of them.
@@ -72,7 +73,8 @@ func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t 
 	h := &slotHold{s: s, holder: s.worker + ":" + id, stop: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancelCause(ctx)
 	deadline := s.clock.Now().Add(gs.cfg.Worker.HoldMax)
-	for _, sl := range gs.semaphoresOf(queue, t.Type()) {
+	vars := newTaskVars(queue, id, t.Type(), t.Payload())
+	for _, sl := range s.semaphoresOf(gs, queue, t.Type(), vars) {
 		for {
 			sent := s.clock.Now()
 			st, err := sl.sem.Acquire(ctx, sl.key, h.holder)
@@ -119,7 +121,7 @@ func (s *Scheduler) slotUnavailable(ctx context.Context, sl slot, holder string,
 	s.metrics.redisErrors.WithLabelValues(sl.gate()).Inc()
 	s.metrics.fallbacks.WithLabelValues(sl.gate(), sl.policy).Inc()
 	if d, _ := s.logGate.AllowN(context.Background(), sl.gate(), 1); d.Allowed {
-		s.log.Warn("a concurrency limit cannot reach redis (further failures in the next 10s are only counted)", "slot", sl.key, "policy", sl.policy, "err", err)
+		s.log.Warn("a concurrency limit cannot reach redis (further failures in the next 10s are only counted)", "slot", sl.label, "policy", sl.policy, "err", err)
 	}
 	return sl.policy
 }
@@ -176,8 +178,8 @@ func (h *slotHold) renew() {
 			switch {
 			case err != nil:
 				wait = lease / 10
-				if d, _ := h.s.logGate.AllowN(context.Background(), "renew:"+sl.key, 1); d.Allowed {
-					h.s.log.Warn("cannot renew a concurrency lease; trying again (further failures in the next 10s are not logged)", "slot", sl.key, "stop in", sl.until.Sub(h.s.clock.Now()), "err", err)
+				if d, _ := h.s.logGate.AllowN(context.Background(), "renew:"+sl.label, 1); d.Allowed {
+					h.s.log.Warn("cannot renew a concurrency lease; trying again (further failures in the next 10s are not logged)", "slot", sl.label, "stop in", sl.until.Sub(h.s.clock.Now()), "err", err)
 				}
 				continue
 			case !st.Held:
@@ -196,8 +198,8 @@ func (h *slotHold) renew() {
 // lose counts a slot lost and, unless the task took a slot again (result
 // retaken), stops the task.
 func (h *slotHold) lose(sl slot, result string, why error) {
-	h.s.metrics.slotsLost.WithLabelValues(sl.key, result).Inc()
-	h.s.log.Warn("a running task lost its concurrency slot", "slot", sl.key, "holder", h.holder, "result", result, "why", why)
+	h.s.metrics.slotsLost.WithLabelValues(sl.label, result).Inc()
+	h.s.log.Warn("a running task lost its concurrency slot", "slot", sl.label, "holder", h.holder, "result", result, "why", why)
 	if result == "stopped" {
 		h.cancel(errSlotLost)
 	}
@@ -212,7 +214,7 @@ func (h *slotHold) release() (lost bool) {
 	h.cancel(nil)
 	for _, sl := range h.taken {
 		if err := sl.sem.Release(context.WithoutCancel(h.ctx), sl.key, h.holder); err != nil {
-			h.s.log.Warn("cannot release a concurrency slot; its lease will end", "slot", sl.key, "err", err)
+			h.s.log.Warn("cannot release a concurrency slot; its lease will end", "slot", sl.label, "err", err)
 		}
 	}
 	return lost

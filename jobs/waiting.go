@@ -95,14 +95,52 @@ func exhausted(ctx context.Context) bool {
 // archived on that path; it goes back as a copy instead (copyForLater).
 // Either way it is never failed, retried or archived for waiting.
 func (s *Scheduler) waitInRedis(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
-	s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+	return s.waitIn(ctx, t, queue, id, wait, nil)
+}
+
+// waitInLine is waitInRedis for a task whose key holds its fair share:
+// it waits in its key's line until the queue's waker lets it out.
+func (s *Scheduler) waitInLine(ctx context.Context, t *asynq.Task, queue, id string, line *lineSpot) error {
+	return s.waitIn(ctx, t, queue, id, 0, line)
+}
+
+func (s *Scheduler) waitIn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, line *lineSpot) error {
 	if !exhausted(ctx) {
+		wait, err := s.note(ctx, queue, id, wait, line)
+		if err != nil {
+			return err
+		}
+		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+		return &waitError{wait: wait}
+	}
+	err := s.requeue(ctx, t, queue, id, wait, line)
+	if !errors.Is(err, errLetOut) {
+		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+	}
+	return err
+}
+
+// note notes task id of queue in the wake set, due back in wait, or in
+// its key's line; it returns when asynq should bring it back by itself
+// if nobody does (less wakeLatest). errLetOut: the task books instead.
+func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Duration, line *lineSpot) (time.Duration, error) {
+	if line == nil {
 		if err := s.noteWake(ctx, queue, id, wait); err != nil {
 			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
 		}
-		return &waitError{wait: wait}
+		return wait, nil
 	}
-	return s.requeue(ctx, t, queue, id, wait)
+	est, err := s.park(ctx, queue, id, line)
+	if errors.Is(err, errLetOut) {
+		return 0, err
+	}
+	if err != nil {
+		s.log.Warn("cannot put a task in its key's line; it asks again in a second", "queue", queue, "id", id, "err", err)
+		return redisRetry, nil
+	}
+	// The waker lets it out as its key's share allows; asynq's own
+	// schedule is the fallback, well after the estimate.
+	return 2*est + parkedFallback, nil
 }
 
 // requeue sends a copy of the task back to Redis, due in wait, and revokes
@@ -114,14 +152,17 @@ func (s *Scheduler) waitInRedis(ctx context.Context, t *asynq.Task, queue, id st
 // and an error would cost it a retry; asynq archives a task that errs with
 // none left, failure or not. The copy's id is fixed, so an attempt that
 // reached Redis unanswered makes the next one a harmless duplicate.
-func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
+func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, line *lineSpot) error {
 	giveUp := func(err error, attempts int) error {
 		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "attempts", attempts, "err", err)
 		return fmt.Errorf("%w: %v", errWaitInRedis, err)
 	}
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := s.copyForLater(ctx, t, queue, id, wait)
+		err := s.copyForLater(ctx, t, queue, id, wait, line)
+		if errors.Is(err, errLetOut) {
+			return err
+		}
 		if err == nil {
 			if attempt > 1 {
 				s.log.Info("requeued a task that must wait", "queue", queue, "id", id, "attempts", attempt)
@@ -152,7 +193,7 @@ const maxCopyIDs = 8
 // the copy already made only if that task is provably it (same type,
 // payload, origin and hop); a producer may have chosen the id, and then the
 // copy takes the next one (<origin>~<hop>~2, ...).
-func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
+func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, line *lineSpot) error {
 	info, err := s.inspector.GetTaskInfo(queue, id)
 	if err != nil {
 		return err
@@ -170,6 +211,21 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 	headers[headerOrigin] = origin
 	headers[headerHop] = strconv.Itoa(hop)
 	copied := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
+	copyID := func(try int) string {
+		copyID := origin + "~" + strconv.Itoa(hop)
+		if try > 1 {
+			copyID += "~" + strconv.Itoa(try)
+		}
+		return copyID
+	}
+	if line != nil {
+		// In its line before it exists, so that asynq's schedule can be
+		// the fallback after the estimate. A copy let out before it is
+		// made comes back by that fallback.
+		if wait, err = s.note(ctx, queue, copyID(1), 0, line); err != nil {
+			return err
+		}
+	}
 	opts := []asynq.Option{
 		asynq.Queue(queue),
 		asynq.MaxRetry(max(0, info.MaxRetry-info.Retried)),
@@ -187,10 +243,7 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		opts = append(opts, asynq.Retention(info.Retention))
 	}
 	for try := 1; try <= maxCopyIDs; try++ {
-		copyID := origin + "~" + strconv.Itoa(hop)
-		if try > 1 {
-			copyID += "~" + strconv.Itoa(try)
-		}
+		copyID := copyID(try)
 		_, err := s.client.EnqueueContext(ctx, copied, append(opts, asynq.TaskID(copyID))...)
 		if errors.Is(err, asynq.ErrTaskIDConflict) {
 			if s.isCopy(queue, copyID, copied) {
@@ -201,8 +254,8 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		if err != nil {
 			return err
 		}
-		if err := s.noteWake(ctx, queue, copyID, wait); err != nil {
-			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", copyID, "err", err)
+		if line == nil || try > 1 {
+			_, _ = s.note(ctx, queue, copyID, wait, line)
 		}
 		return nil
 	}
@@ -232,6 +285,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		wait = time.Second // no usable Retry-After: a short pause, then ask the quotas again
 	}
 	longest := time.Duration(0)
+	vars := newTaskVars(queue, id, t.Type(), t.Payload())
 	for _, g := range gs.quotasOf(t.Type()) {
 		block := wait
 		if block > g.limit.MaxBlock {
@@ -240,6 +294,15 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		}
 		longest = max(longest, block)
 		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
+		if g.expr != nil {
+			// A keyed quota blocks the task's key value only, in Redis: turns
+			// it booked before are still used.
+			c := s.claimOf(g, vars)
+			if err := c.lim.Block(ctx, c.key, block); err != nil {
+				s.log.Warn("cannot block a quota's key after an upstream said no", "quota", g.key, "err", err)
+			}
+			continue
+		}
 		s.block(g.key, s.clock.Now().Add(block))
 		if err := g.lim.Block(ctx, g.key, block); err != nil {
 			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)

@@ -28,6 +28,7 @@ const (
 	// the rest in the worker (see hold).
 	wakeAhead   = 50 * time.Millisecond
 	wakeMinIdle = wakeAhead              // not sooner: then a look takes nothing new
+	fairLook    = 20 * time.Millisecond  // how often a waker lets tasks out of fair lines
 	wakeMaxIdle = 100 * time.Millisecond // the waker's longest sleep: a task noted by another worker waits at most that
 	wakeLease   = time.Second            // a waker that dies is replaced this soon
 	wakeWatch   = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
@@ -78,7 +79,7 @@ func (s *Scheduler) wake(ctx context.Context) {
 			d, ok := s.wakeQueue(ctx, queue)
 			idle, waker[queue] = min(idle, d), ok
 		}
-		if idle > 0 {
+		if idle > fairLook {
 			idle = max(idle, wakeMinIdle)
 		}
 		next := s.clock.Now().Add(idle)
@@ -107,8 +108,12 @@ func (s *Scheduler) wake(ctx context.Context) {
 // this worker is its waker, and returns how soon to look again and whether
 // it is the waker.
 func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	reply, err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "take",
-		wakeBatch, wakeAhead.Microseconds(), s.worker, wakeLease.Microseconds()).Slice()
+	keys, args := wakeKeys(queue), []any{s.scriptNow(), "take", wakeBatch, wakeAhead.Microseconds(), s.worker, wakeLease.Microseconds()}
+	if f := s.gates.Load().fair[queue]; f != nil {
+		more, extra := f.wakeArgs()
+		keys, args = append(keys, more...), append(args, extra...)
+	}
+	reply, err := wakeScript.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil || len(reply) == 0 {
 		return wakeMaxIdle, false
 	}
@@ -127,6 +132,11 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 	}
 	if next < 0 {
 		return wakeMaxIdle, true
+	}
+	if next == 0 {
+		// Tasks wait in fair lines (or are due): look again soon, not at
+		// once.
+		return fairLook, true
 	}
 	return min(time.Duration(next)*time.Microsecond-wakeAhead, wakeMaxIdle), true
 }

@@ -15,9 +15,9 @@
 -- ARGV[7] -> book: how long after its instant a kept turn is still given
 --            (µs; -1: however long)
 -- ARGV[8] -> how many claims
--- ARGV[9 + 8(i-1) ...] -> claim i: algorithm, limit, period, burst,
+-- ARGV[9 + 9(i-1) ...] -> claim i: algorithm, limit, period, burst,
 --            windows, n, pieces to give back first ('' for none), ID ('' for
---            none)
+--            none), member (fair_share: the key value; '' otherwise)
 -- Output  -> {ok (1: booked, 2: given the turns kept under the claims' IDs,
 --            0: not), now, at, then per claim: remaining, retry_after,
 --            reset_after, pieces}; times in µs, relative to now but now and
@@ -29,6 +29,7 @@ local constructors = {
   fixed_window = new_counter, sliding_counter = new_counter,
   sliding_log = new_sliding_log,
   token_bucket = new_bucket, leaky_bucket = new_bucket,
+  fair_share = new_fair,
 }
 local MAX_PASSES = 16 -- see maxPasses in algorithms.go
 
@@ -37,11 +38,13 @@ local op = ARGV[2]
 local slack, late = tonumber(ARGV[6]), tonumber(ARGV[7])
 local claims = {}
 for i = 1, tonumber(ARGV[8]) do
-  local a = 9 + 8 * (i - 1)
+  local a = 9 + 9 * (i - 1)
   local p = {limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
-    windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5])}
+    windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5]), member = ARGV[a + 8]}
   local g = constructors[ARGV[a]](KEYS[3 * i - 2], KEYS[3 * i - 1], p)
   g.trim(now)
+  -- A task let out of its line books: what was held for it goes.
+  if g.released and op == 'book' then g.released(ARGV[a + 7]) end
   local c = {g = g, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[3 * i]}
   if c.id ~= '' then
     local kept = redis.call('GET', c.id_key)

@@ -4,7 +4,8 @@
 //
 // Book is common.lua (clock, exact integer division), one constructor per
 // kind of state (counter.lua: fixed_window and sliding_counter;
-// sliding_log.lua; bucket.lua: token_bucket and leaky_bucket), and the
+// sliding_log.lua; bucket.lua: token_bucket and leaky_bucket; fair.lua:
+// a queue's fair shares, which wake.lua shares), and the
 // driver, book.lua, which runs one operation on several limits at once
 // (book, cancel, block or peek) and documents the KEYS and ARGV it takes.
 // Each constructor mirrors its Go twin in package algorithms.
@@ -19,14 +20,14 @@ import (
 var files embed.FS
 
 // Book runs an operation on the limits of one cluster slot (see book.lua).
-var Book = join("common.lua", "counter.lua", "sliding_log.lua", "bucket.lua", "book.lua")
+var Book = join("common.lua", "counter.lua", "sliding_log.lua", "bucket.lua", "fair.lua", "book.lua")
 
 // Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
 var Semaphore = join("common.lua", "semaphore.lua")
 
 // Wake takes the tasks of a queue that are due back from their wait (see
 // wake.lua).
-var Wake = join("common.lua", "wake.lua")
+var Wake = join("common.lua", "fair.lua", "wake.lua")
 
 // Ready moves tasks back from waiting to the head of their queue (see
 // ready.lua).

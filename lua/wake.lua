@@ -5,10 +5,15 @@
 -- of them at a time (the waker, on a lease) takes the tasks due and moves
 -- each to pending.
 --
+-- A queue with fair shares has lines too (see fair.lua): a task its key
+-- may not book for now waits in its key's line (park), and each take lets
+-- out of every line as many tasks as their key's share has room for.
+--
 -- KEYS[1] -> sorted set: task id -> µs when it should be pending
 -- KEYS[2] -> string: the waker, for as long as its lease lasts
+-- KEYS[3..6] -> a fair queue's state, aux, lines and keys (fair.lua)
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
--- ARGV[2] -> op: note, take, resign or rush
+-- ARGV[2] -> op: note, take, resign, rush or park
 -- note:   ARGV[3] -> a task id, ARGV[4] -> in how many µs it is due
 --         (the set needs no TTL: taken empty, it is gone)
 -- take:   ARGV[3] -> the most ids to take, ARGV[4] -> µs ahead: tasks due
@@ -16,7 +21,16 @@
 --         ARGV[6] -> the waker's lease in µs, renewed by each take
 -- resign: ARGV[3] -> the worker that no longer takes
 -- rush:   every task is due now (the limits changed: their turns are void)
--- Output  -> note: 1; take: {µs until a task is due (-1: none left), then
+-- take, fair: ARGV[7] -> the depth shared (fair.lua), ARGV[8] -> the most
+--         keys looked at
+-- park:   ARGV[3] -> a task id, ARGV[4] -> its booking id, ARGV[5] -> its
+--         key value (as fair.lua names it), ARGV[6] -> its weight,
+--         ARGV[7] -> its cost, ARGV[8], ARGV[9] -> the drain's limit and
+--         period (µs), ARGV[10] -> '1': not if the task was let out of its
+--         line (it books)
+-- Output  -> park: about how many µs until its key's share lets it out
+--            (if every active key stays backlogged), -1 if it was let out;
+--            note: 1; take: {µs until a task is due (-1: none left), then
 --            per task taken its id and µs since it was due (negative: due
 --            yet)}, or {-2, µs until the waker's lease ends} when another
 --            worker is the waker; resign: 1 if it was the waker; rush: how
@@ -24,6 +38,28 @@
 
 local now = clock()
 local op = ARGV[2]
+local fair = #KEYS >= 6
+-- fair_life keeps a fair queue's lines as long as what waits in them.
+local FAIR_LIFE = 3600 * 1000
+if op == 'park' then
+  local state, aux, lines, keys = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+  local id, booking, m = ARGV[3], ARGV[4], ARGV[5]
+  local weight, n = tonumber(ARGV[6]), tonumber(ARGV[7])
+  fair_trim(state, aux, now)
+  -- A task let out of its line must book, not wait again (a worker that
+  -- saw its key refused a moment ago would send it back to the line).
+  if ARGV[10] == '1' and redis.call('ZSCORE', aux, string.format('r %s %d %s', m, n, booking)) then
+    return -1
+  end
+  local seq = redis.call('HINCRBY', state, 's', 1)
+  redis.call('ZADD', lines, 0, string.format('%s %015d %d %d %s%s', m, seq, n, #id, id, booking))
+  local waiting = redis.call('HINCRBY', state, 'p:' .. m, 1)
+  fair_touch(state, m, weight)
+  redis.call('ZADD', keys, 'NX', now, m)
+  for _, key in ipairs({state, lines, keys}) do fair_keep(key, FAIR_LIFE) end
+  local W = fair_num(state, 'W')
+  return math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
+end
 if op == 'note' then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[3])
   return 1
@@ -55,6 +91,45 @@ end
 for i = 1, #ids, 100 do
   redis.call('ZREM', KEYS[1], unpack(ids, i, math.min(i + 99, #ids)))
 end
+
+-- Fair lines: each key with tasks waiting lets out as many as its share
+-- has room for, oldest first; what a task let out will book is held for
+-- it (a release) until it books or the release passes.
+local RELEASE_LIFE = 2000000 -- µs a task let out has to book
+if fair then
+  local state, aux, lines, keys = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+  local depth, most = tonumber(ARGV[7]), tonumber(ARGV[8])
+  fair_trim(state, aux, now)
+  local room = tonumber(ARGV[3]) - #ids
+  for _, m in ipairs(redis.call('ZRANGE', keys, 0, most - 1)) do
+    if room <= 0 then break end
+    local w = fair_num(state, 'w:' .. m)
+    local let = 0
+    while room > 0 do
+      local first = redis.call('ZRANGEBYLEX', lines, '[' .. m .. ' ', '(' .. m .. '!', 'LIMIT', 0, 1)[1]
+      if not first then break end
+      local n, len, rest = string.match(first, '^%S+ %d+ (%d+) (%d+) (.*)$')
+      n, len = tonumber(n), tonumber(len)
+      if w > 0 and not fair_fits(state, m, w, depth, n) then break end
+      redis.call('ZREM', lines, first)
+      local id, booking = string.sub(rest, 1, len), string.sub(rest, len + 1)
+      redis.call('ZADD', aux, now + RELEASE_LIFE, string.format('r %s %d %s', m, n, booking))
+      redis.call('HINCRBY', state, 'c:' .. m, n)
+      redis.call('HINCRBY', state, 'p:' .. m, -1)
+      reply[#reply + 1], reply[#reply + 2] = id, 0
+      room, let = room - 1, let + 1
+    end
+    if not redis.call('ZRANGEBYLEX', lines, '[' .. m .. ' ', '(' .. m .. '!', 'LIMIT', 0, 1)[1] then
+      redis.call('ZREM', keys, m)
+      fair_settle(state, m)
+    elseif let > 0 then
+      redis.call('ZADD', keys, now, m) -- served: to the back of the round
+    end
+  end
+  fair_keep(aux, RELEASE_LIFE / 1000 + 1000)
+end
 local next_ = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if next_[2] then reply[1] = math.max(0, tonumber(next_[2]) - now) end
+-- Lines wait on shares, not on time: look again soon.
+if fair and redis.call('ZCARD', KEYS[6]) > 0 then reply[1] = 0 end
 return reply

@@ -64,10 +64,15 @@ func rate(times []time.Time) float64 {
 // burst + perSecond·T, T its length plus the measuring tolerance: 0 when a
 // token bucket of that shape was never exceeded.
 func overAllowance(times []time.Time, burst, perSecond float64) float64 {
+	return overAllowanceWithin(times, burst, perSecond, within)
+}
+
+// overAllowanceWithin is overAllowance with a measuring tolerance of tol.
+func overAllowanceWithin(times []time.Time, burst, perSecond float64, tol time.Duration) float64 {
 	worst := 0.0
 	for i := range times {
 		for j := i; j < len(times); j++ {
-			span := times[j].Sub(times[i]) + within
+			span := times[j].Sub(times[i]) + tol
 			worst = max(worst, float64(j-i+1)-(burst+perSecond*span.Seconds()))
 		}
 	}

@@ -248,8 +248,16 @@ func enqueueRequestsOn(t *testing.T, opt asynq.RedisConnOpt, u *upstream, queue,
 	t.Helper()
 	client := asynq.NewClient(opt)
 	defer client.Close()
+	enqueueWithHeaders(t, client, u.URL, queue, prefix, n, nil)
+}
+
+// enqueueWithHeaders puts n http:request tasks into queue, each calling
+// base at its own path under prefix with the headers, every other one with
+// MaxRetry 0.
+func enqueueWithHeaders(t *testing.T, client *asynq.Client, base, queue, prefix string, n int, headers map[string]string) {
+	t.Helper()
 	for i := 0; i < n; i++ {
-		task, err := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/%s/%d", u.URL, prefix, i)})
+		task, err := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/%s/%d", base, prefix, i), Headers: headers})
 		if err != nil {
 			t.Fatal(err)
 		}

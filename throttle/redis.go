@@ -25,6 +25,7 @@ type redisLimiter struct {
 	prefix string
 	onErr  string
 	twin   *localTwin // the local policy's in-process limit; nil for the others
+	fair   *fairKeys  // a fair share (NewFairShare); nil for the limits
 }
 
 var _ limiter = (*redisLimiter)(nil)
@@ -60,6 +61,9 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 
 func (l *redisLimiter) site(key string) site {
 	s := redisSite{calls: l.calls, slot: -1}
+	if l.fair != nil {
+		key = l.fair.tag // every key value's claim is on the one state
+	}
 	if _, single := l.calls.rdb.(*redis.Client); !single {
 		s.slot = slotOf(hashTag(key))
 	}
@@ -98,6 +102,11 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		state := redisKey(l.prefix, p.key)
 		c := algorithms.OpClaim{Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: p.n,
 			ID: p.id, KeptKey: keptKey(state, p.id)}
+		if l.fair != nil {
+			state = redisKey(l.prefix, l.fair.tag)
+			c.Key, c.Aux, c.KeptKey, c.Member = state, auxKey(state), keptKey(state, p.id), hashTag(p.key)
+			c.Params.Windows = int64(max(1, l.fair.weight(p.key)))
+		}
 		if st.giveBack != nil {
 			c.GiveBack = st.giveBack[i]
 		}

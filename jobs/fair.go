@@ -1,0 +1,170 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// A queue with fairness shares its drain among the values of a key. Each
+// task's turn is booked on the drain and on the queue's fair share at once
+// (throttle.Book, one script run: both live under the queue's hash tag): a
+// key may hold booked turns ahead for at most its weighted share of
+// fairHorizon of the drain (see lua/fair.lua). A task whose key holds its
+// share already is refused without counting, and waits in its key's line
+// in Redis (park); the queue's waker lets tasks out of the lines as their
+// key's share has room, and a task let out books as any other. So a
+// backlog of one key never fills the drain's future: a newcomer's first
+// task books behind at most fairHorizon of turns.
+const (
+	// fairHorizon is how much of the drain's future all keys together
+	// may hold booked: short, so that a newcomer waits little, and within
+	// alwaysHold, so that a task booked waits for its turn in the worker.
+	fairHorizon = 300 * time.Millisecond
+	// fairParkedView is how long a worker sends the fresh tasks of a key
+	// refused its share straight to its line, without asking.
+	fairParkedView = time.Second
+	// fairLookKeys bounds the keys with a line that one look of the waker
+	// serves (round robin, least recently served first).
+	fairLookKeys = 1000
+	// parkedFallback is added to the estimate of a parked task's wait for
+	// asynq's own schedule: the waker lets it out of its line sooner.
+	parkedFallback = 10 * time.Second
+)
+
+// fairGate is a queue's fair share of its drain.
+type fairGate struct {
+	name    string // metric label: "fair:<queue>"
+	queue   string
+	expr    *keyExpr
+	lim     throttle.Reserver
+	keys    []string // FairKeys: state, aux, lines, keys
+	weights map[string]int
+	depth   int
+	limit   int
+	period  time.Duration
+	// parked: key value -> until when (our clock) fresh tasks of the key
+	// go straight to its line.
+	mu     sync.Mutex
+	parked map[string]time.Time
+}
+
+func newFairGate(rdb redis.UniversalClient, queue string, drain LimitConfig, f FairnessConfig, clock throttle.Clock) (*fairGate, error) {
+	expr, err := compileKey(f.Key)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: queues %q: fairness.key: %w", queue, err)
+	}
+	depth := max(1, int(int64(drain.Limit)*int64(fairHorizon)/int64(drain.Period)))
+	// A new version for other weights or another drain: the state counts
+	// weights as they were when each key became active.
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%d %d %d", drain.Limit, drain.Period, depth)
+	for _, v := range sortedKeys(f.Weights) {
+		fmt.Fprintf(h, " %s=%d", v, f.Weights[v])
+	}
+	prefix := fmt.Sprintf("sluice:fair:%08x:", h.Sum32())
+	weight := func(key string) int {
+		if w, ok := f.Weights[key]; ok {
+			return w
+		}
+		return 1
+	}
+	opts := []throttle.Option{throttle.WithPrefix(prefix)}
+	if clock != nil {
+		opts = append(opts, throttle.WithClock(clock))
+	}
+	lim, err := throttle.NewFairShare(rdb, queue, throttle.FairSpec{Limit: drain.Limit, Period: drain.Period, Depth: depth, Weight: weight}, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: queues %q: fairness: %w", queue, err)
+	}
+	r, _ := throttle.AsReserver(lim)
+	return &fairGate{name: "fair:" + queue, queue: queue, expr: expr, lim: r, keys: throttle.FairKeys(prefix, queue),
+		weights: f.Weights, depth: depth, limit: drain.Limit, period: drain.Period}, nil
+}
+
+func (f *fairGate) weight(key string) int {
+	if w, ok := f.weights[key]; ok {
+		return w
+	}
+	return 1
+}
+
+// lineSpot is where a task refused its key's share waits: its key's line.
+type lineSpot struct {
+	fair    *fairGate
+	key     string // the key value
+	booking string // the task's booking ID
+	cost    int
+	// seen: sent to its line by this worker's view of its key, not by a
+	// refusal: it may be a task let out of its line, which must book.
+	seen bool
+}
+
+// errLetOut is a line's answer to a task that was let out of it: the task
+// books (see lineSpot.seen).
+var errLetOut = errors.New("jobs: the task was let out of its line; it books")
+
+// park puts task id in its key's line and returns about how long until
+// the waker lets it out (for asynq's own schedule, the fallback).
+func (s *Scheduler) park(ctx context.Context, queue, id string, spot *lineSpot) (time.Duration, error) {
+	f := spot.fair
+	keys := append(wakeKeys(queue), f.keys...)
+	seen := "0"
+	if spot.seen {
+		seen = "1"
+	}
+	us, err := wakeScript.Run(ctx, s.rdb, keys, s.scriptNow(), "park", id, spot.booking, throttle.FairMember(spot.key),
+		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen).Int64()
+	if err != nil {
+		return 0, err
+	}
+	if us < 0 {
+		return 0, errLetOut
+	}
+	return time.Duration(us) * time.Microsecond, nil
+}
+
+// parkedView reports whether fresh tasks of key go straight to its line:
+// this worker saw its share refused a moment ago.
+func (f *fairGate) parkedView(key string, now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	until, ok := f.parked[key]
+	return ok && now.Before(until)
+}
+
+// maxParkedViews bounds the keys a worker remembers as refused.
+const maxParkedViews = 10_000
+
+// refused notes that key's share was refused now.
+func (f *fairGate) refused(key string, now time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.parked == nil {
+		f.parked = map[string]time.Time{}
+	}
+	if len(f.parked) >= maxParkedViews {
+		for k, until := range f.parked {
+			if !now.Before(until) {
+				delete(f.parked, k)
+			}
+		}
+		if len(f.parked) >= maxParkedViews {
+			return // every one is fresh: this key asks each time
+		}
+	}
+	f.parked[key] = now.Add(fairParkedView)
+}
+
+// wakeArgs are the extra keys and arguments of the waker's look at a fair
+// queue: it lets tasks out of the lines.
+func (f *fairGate) wakeArgs() ([]string, []any) {
+	return f.keys, []any{f.depth, fairLookKeys}
+}

@@ -1,0 +1,178 @@
+package jobs
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/ext"
+)
+
+// A keyed limit holds separately for every value of its key: a CEL
+// expression over the task (payload, type, queue) that config.yaml gives
+// as `key:` (or `fairness.key`, `concurrency_key`).
+const (
+	// maxKeyExpr bounds the length of a key expression.
+	maxKeyExpr = 1024
+	// maxKeyCost bounds the work of one evaluation (CEL's cost units: about
+	// one per operation and per element of a string or list looked at).
+	maxKeyCost = 10_000
+	// maxKeyedPayload is the largest payload decoded for key expressions: a
+	// larger one falls into the default key (decoding it would cost more
+	// than the task's turn).
+	maxKeyedPayload = 1 << 20
+	// maxOverrides bounds the per-key overrides of one limit, and the
+	// weights of one queue's fairness.
+	maxOverrides = 1000
+	// maxKeyName bounds an override's or a weight's key value.
+	maxKeyName = 256
+	// maxWeight bounds a fairness weight.
+	maxWeight = 1000
+)
+
+// DefaultKey is the key value of a task whose key expression failed
+// (a missing field, a wrong type): one key per limit, counted in
+// sluice_key_fallbacks_total.
+const DefaultKey = "(default)"
+
+// keyExpr is a compiled key expression.
+type keyExpr struct {
+	source string
+	prg    cel.Program
+}
+
+var keyEnv = sync.OnceValues(func() (*cel.Env, error) {
+	return cel.NewEnv(
+		cel.Variable("payload", cel.DynType),
+		cel.Variable("type", cel.StringType),
+		cel.Variable("queue", cel.StringType),
+		ext.Strings(),
+		cel.Function("host",
+			cel.Overload("host_string", []*cel.Type{cel.StringType}, cel.StringType, cel.UnaryBinding(celHost))),
+	)
+})
+
+// compiled caches the programs of the expressions the configs named, so
+// that a reload does not compile them again.
+var compiled sync.Map // source -> *keyExpr
+
+// compileKey compiles and type-checks a key expression. Its error says
+// where in the expression the problem is (line:column, both from 1).
+func compileKey(source string) (*keyExpr, error) {
+	if k, ok := compiled.Load(source); ok {
+		return k.(*keyExpr), nil
+	}
+	if strings.TrimSpace(source) == "" {
+		return nil, errors.New("must be a CEL expression, like payload.tenant or host(payload.url), got an empty one")
+	}
+	if len(source) > maxKeyExpr {
+		return nil, fmt.Errorf("must be at most %d characters, got %d", maxKeyExpr, len(source))
+	}
+	env, err := keyEnv()
+	if err != nil {
+		return nil, fmt.Errorf("the CEL environment: %w", err)
+	}
+	ast, iss := env.Compile(source)
+	if iss.Err() != nil {
+		var msgs []string
+		for _, e := range iss.Errors() {
+			msgs = append(msgs, fmt.Sprintf("at %d:%d: %s", e.Location.Line(), e.Location.Column()+1, e.Message))
+		}
+		return nil, fmt.Errorf("%s (in %q; variables are payload, type and queue; functions include host(url))", strings.Join(msgs, "; "), source)
+	}
+	switch ast.OutputType().String() {
+	case "string", "int", "uint", "dyn":
+	default:
+		return nil, fmt.Errorf("must give a string (or a whole number), but %q gives %s", source, ast.OutputType())
+	}
+	prg, err := env.Program(ast, cel.CostLimit(maxKeyCost))
+	if err != nil {
+		return nil, fmt.Errorf("%q: %w", source, err)
+	}
+	k := &keyExpr{source: source, prg: prg}
+	if was, loaded := compiled.LoadOrStore(source, k); loaded {
+		return was.(*keyExpr), nil
+	}
+	return k, nil
+}
+
+// taskVars is what a key expression sees of one task; the payload is
+// decoded once, the first time an expression asks.
+type taskVars struct {
+	typ, queue string
+	id         string // for the log
+	raw        []byte
+	decoded    bool
+	payload    any
+	err        error
+}
+
+func newTaskVars(queue, id, typ string, payload []byte) *taskVars {
+	return &taskVars{typ: typ, queue: queue, id: id, raw: payload}
+}
+
+func (v *taskVars) activation() (map[string]any, error) {
+	if !v.decoded {
+		v.decoded = true
+		switch {
+		case len(v.raw) > maxKeyedPayload:
+			v.err = fmt.Errorf("payload of %d bytes is larger than %d", len(v.raw), maxKeyedPayload)
+		case len(v.raw) > 0:
+			if err := json.Unmarshal(v.raw, &v.payload); err != nil {
+				v.err = fmt.Errorf("payload is not JSON: %w", err)
+			}
+		}
+	}
+	return map[string]any{"payload": v.payload, "type": v.typ, "queue": v.queue}, v.err
+}
+
+// eval gives the task's key value, or an error (a missing field, a wrong
+// type, a payload that is not JSON).
+func (k *keyExpr) eval(v *taskVars) (string, error) {
+	act, err := v.activation()
+	if err != nil {
+		return "", err
+	}
+	out, _, err := k.prg.Eval(act)
+	if err != nil {
+		return "", err
+	}
+	switch x := out.Value().(type) {
+	case string:
+		return x, nil
+	case int64:
+		return strconv.FormatInt(x, 10), nil
+	case uint64:
+		return strconv.FormatUint(x, 10), nil
+	case float64:
+		// JSON numbers are doubles: a whole one is a fine key.
+		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
+			return strconv.FormatInt(int64(x), 10), nil
+		}
+	}
+	return "", fmt.Errorf("gave %s %v, want a string", out.Type(), out.Value())
+}
+
+// celHost is host(url): the URL's host name in lower case, without port.
+func celHost(arg ref.Val) ref.Val {
+	s, ok := arg.Value().(string)
+	if !ok {
+		return types.NewErr("host: want a string, got %s", arg.Type())
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return types.NewErr("host: %v", err)
+	}
+	if u.Hostname() == "" {
+		return types.NewErr("host: %q has no host", s)
+	}
+	return types.String(strings.ToLower(u.Hostname()))
+}

@@ -1,0 +1,151 @@
+package jobs
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
+)
+
+func TestKeyExprCompileErrors(t *testing.T) {
+	for _, tc := range []struct {
+		desc, source string
+		want         []string // in the error
+	}{
+		{"undeclared variable", `paylod.tenant`, []string{"at 1:1", "undeclared reference to 'paylod'"}},
+		{"syntax", `payload.headers["X-Tenant"`, []string{"at 1:27", "Syntax error"}},
+		{"wrong result type", `size(payload.x) > 3`, []string{"must give a string", "bool"}},
+		{"host of a number", `host(3)`, []string{"at 1:5", "no matching overload"}},
+		{"too long", strings.Repeat("a", maxKeyExpr+1), []string{"at most 1024 characters"}},
+		{"empty", ` `, []string{"must be a CEL expression"}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := compileKey(tc.source)
+			if err == nil {
+				t.Fatalf("compileKey(%q) = nil error", tc.source)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("compileKey(%q) = %q, want it to say %q", tc.source, err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestConfigNamesKeyAndPosition(t *testing.T) {
+	cfg := Config{
+		Queues: map[string]QueueConfig{"q": {
+			Drain:    &LimitConfig{Limit: 10, Period: time.Second},
+			Fairness: &FairnessConfig{Key: `payload.headers["X-Tenant"] +`, Weights: map[string]int{"vip": 0}},
+		}},
+		Quotas: map[string]LimitConfig{"api": {Limit: 4, Period: time.Second, Key: `host(payload.url`,
+			Overrides: map[string]LimitOverride{"big": {Limit: -1}}}},
+		Tasks: map[string]TaskConfig{"t": {Quotas: []string{"api"}, ConcurrencyKey: `payload.x`}},
+	}.Defaults()
+	var got []string
+	for _, err := range cfg.Validate() {
+		got = append(got, err.Error())
+	}
+	joined := strings.Join(got, "\n")
+	for _, want := range []string{
+		"queues.q.fairness.key: at 1:30: Syntax error",
+		"queues.q.fairness.weights.vip: must be between 1 and 1000, got 0",
+		"quotas.api.key: at 1:17: Syntax error",
+		"quotas.api.overrides.big.limit: must be > 0, got -1",
+		"tasks.t.concurrency_key: needs tasks.t.concurrency",
+	} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("problems:\n%s\nwant one starting %q", joined, want)
+		}
+	}
+}
+
+func TestKeyValues(t *testing.T) {
+	for _, tc := range []struct {
+		desc, source, payload, want string
+		fails                       bool
+	}{
+		{"header", `payload.headers["X-Tenant"]`, `{"headers": {"X-Tenant": "acme"}}`, "acme", false},
+		{"host", `host(payload.url)`, `{"url": "https://API.Example.com:8443/a?b"}`, "api.example.com", false},
+		{"whole number", `payload.customer`, `{"customer": 42}`, "42", false},
+		{"type and queue", `type + "/" + queue`, `{}`, "test:call/q", false},
+		{"missing field", `payload.headers["X-Tenant"]`, `{"url": "x"}`, "", true},
+		{"not JSON", `payload.a`, `not json`, "", true},
+		{"host without one", `host(payload.url)`, `{"url": "/relative"}`, "", true},
+		{"a list", `payload.a`, `{"a": [1]}`, "", true},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			k, err := compileKey(tc.source)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := k.eval(newTaskVars("q", "id", "test:call", []byte(tc.payload)))
+			if tc.fails != (err != nil) || got != tc.want {
+				t.Errorf("eval = %q, %v; want %q (fails: %v)", got, err, tc.want, tc.fails)
+			}
+		})
+	}
+}
+
+// TestKeyedQuotaOverridesAndFallback: a quota keyed by a header, 2 per
+// second burst 2, with an override of 5 for "big": each key holds its own
+// limit, the override its own, and tasks whose key fails share one default
+// key, each failure counted.
+func TestKeyedQuotaOverridesAndFallback(t *testing.T) {
+	clock := testkit.NewClock(t0)
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{quota: {Algorithm: "token_bucket", Limit: 2, Period: time.Second, Burst: 2,
+			Key: `payload.dest`, Overrides: map[string]LimitOverride{"big": {Limit: 5, Burst: 5}}}},
+		Tasks: map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	s, err := NewScheduler(redistest.Client(t), asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg, m,
+		slog.New(slog.NewTextHandler(io.Discard, nil)), WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	now := func(payload string) bool {
+		b, err := s.book(context.Background(), s.gates.Load(), queue, payload+time.Now().String(), asynq.NewTask("test:call", []byte(payload)), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.askIn == 0 && !b.ready.After(clock.Now())
+	}
+	count := func(payload string) int {
+		n := 0
+		for range 10 {
+			if now(payload) {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		payload string
+		want    int
+	}{
+		{`{"dest": "a"}`, 2}, {`{"dest": "b"}`, 2}, {`{"dest": "big"}`, 5}, {`{}`, 2}, {`{"dest": ["x"]}`, 0},
+	} {
+		if got := count(tc.payload); got != tc.want {
+			t.Errorf("%s: %d of 10 passed at once, want %d", tc.payload, got, tc.want)
+		}
+	}
+	// {} and {"dest": ["x"]} both fell into the default key: 20 failures.
+	if got := testutil.ToFloat64(m.keyFallbacks.WithLabelValues("quota:" + quota)); got != 20 {
+		t.Errorf("sluice_key_fallbacks_total = %v, want 20", got)
+	}
+}

@@ -1,0 +1,137 @@
+-- fair: a queue's drain shared among the values of a key (tenants, say) in
+-- proportion to their weights. A key may hold booked turns in the future
+-- (not yet passed) for at most its share of the depth: depth·w/W cost
+-- units, W the weights of the keys active now (with turns in the future,
+-- or tasks waiting in their line), and always at least one task. A key
+-- that books less leaves the rest to the others. Since all keys book at
+-- the drain's one tail, each key's turns pass at a rate in proportion to
+-- what it may hold ahead: its share of the drain (a window through one
+-- FIFO). Tasks a key cannot book now wait in its line in Redis, and the
+-- queue's waker (wake.lua) lets them out as their key's share allows.
+--
+-- state (hash, the queue's hash tag):
+--   W      -> the weights of the active keys
+--   s      -> a sequence, for unique members
+--   c:<m>  -> the cost key m holds in the future (turns and releases)
+--   w:<m>  -> m's weight, while m is active
+--   p:<m>  -> m's tasks waiting in its line
+-- aux (sorted set, same slot): what keys hold in the future, by instant:
+--   't <m> <n> <seq>'  a turn of n
+--   'r <m> <n> <id>'   n for a task let out of its line, booking under id
+-- lines (sorted set, all scores 0, in order of members):
+--   '<m> <seq, 15 digits> <n> <task id>'
+-- keys (sorted set): the keys with a line, by when last served
+-- Key values m are escaped as hash tags are (no spaces).
+
+local FAIR_FAR = 2 ^ 50 -- µs beyond any booking's wait: a refusal
+
+local function fair_num(state, field)
+  return tonumber(redis.call('HGET', state, field) or 0)
+end
+
+-- fair_touch makes m active (its weight counts in W).
+local function fair_touch(state, m, weight)
+  if redis.call('HSETNX', state, 'w:' .. m, weight) == 1 then
+    redis.call('HINCRBY', state, 'W', weight)
+  end
+end
+
+-- fair_settle makes m inactive once it holds nothing and waits for nothing.
+local function fair_settle(state, m)
+  if fair_num(state, 'c:' .. m) <= 0 and fair_num(state, 'p:' .. m) <= 0 then
+    local w = redis.call('HGET', state, 'w:' .. m)
+    if w then redis.call('HINCRBY', state, 'W', -tonumber(w)) end
+    redis.call('HDEL', state, 'w:' .. m, 'c:' .. m, 'p:' .. m)
+  end
+end
+
+-- fair_trim forgets what passed: turns, and releases never booked.
+local function fair_trim(state, aux, now)
+  local gone = redis.call('ZRANGEBYSCORE', aux, '-inf', now)
+  if #gone == 0 then return end
+  redis.call('ZREMRANGEBYSCORE', aux, '-inf', now)
+  for _, member in ipairs(gone) do
+    local m, n = string.match(member, '^%a (%S+) (%d+)')
+    redis.call('HINCRBY', state, 'c:' .. m, -tonumber(n))
+    fair_settle(state, m)
+  end
+end
+
+-- fair_fits reports whether m may hold n more: its share, or one task.
+local function fair_fits(state, m, weight, depth, n)
+  local c = fair_num(state, 'c:' .. m)
+  if c <= 0 then return true end
+  local W = fair_num(state, 'W')
+  if redis.call('HEXISTS', state, 'w:' .. m) == 0 then W = W + weight end
+  return (c + n) * W <= depth * weight
+end
+
+-- fair_keep makes key's TTL at least ttl ms: every script that touches the
+-- state keeps it as long as what it holds.
+local function fair_keep(key, ttl)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+
+-- new_fair is the claim of one key value p.member on a queue's share:
+-- p.windows its weight, p.burst the depth, p.limit/p.period the drain.
+local function new_fair(state, aux, p)
+  local self = {blocked = 0}
+  local m, weight, depth = p.member, p.windows, p.burst
+
+  function self.trim(now)
+    fair_trim(state, aux, now)
+    self.now = now
+  end
+
+  -- A key that may not hold more now cannot at any instant: the refusal
+  -- sends the task to its line.
+  function self.earliest(at)
+    if fair_fits(state, m, weight, depth, p.n) then return at end
+    return self.now + FAIR_FAR
+  end
+
+  function self.record(at)
+    if at <= self.now then return '' end -- passed at once: holds nothing
+    local seq = redis.call('HINCRBY', state, 's', 1)
+    local member = string.format('t %s %d %d', m, p.n, seq)
+    redis.call('ZADD', aux, at, member)
+    redis.call('HINCRBY', state, 'c:' .. m, p.n)
+    fair_touch(state, m, weight)
+    return member
+  end
+
+  function self.give_back(pieces)
+    if pieces ~= '' and redis.call('ZREM', aux, pieces) == 1 then
+      local n = string.match(pieces, '^%a %S+ (%d+)')
+      redis.call('HINCRBY', state, 'c:' .. m, -tonumber(n))
+      fair_settle(state, m)
+    end
+  end
+
+  -- release takes back what the waker held for the task booking under id
+  -- when it let the task out of its line: the turn replaces it.
+  function self.released(id)
+    if id ~= '' then self.give_back(string.format('r %s %d %s', m, p.n, id)) end
+  end
+
+  function self.room(at)
+    local c = fair_num(state, 'c:' .. m)
+    local W = fair_num(state, 'W')
+    if redis.call('HEXISTS', state, 'w:' .. m) == 0 then W = W + weight end
+    return math.max(0, math.floor(depth * weight / W) - c)
+  end
+
+  function self.reset_after(at)
+    local last = redis.call('ZRANGE', aux, -1, -1, 'WITHSCORES')[2]
+    if not last then return 0 end
+    return math.max(0, tonumber(last) - at)
+  end
+
+  function self.block(until_) end
+
+  function self.save(ttl)
+    for _, key in ipairs({state, aux}) do fair_keep(key, ttl) end
+  end
+
+  return self
+end
