@@ -74,7 +74,6 @@ package config
 
 import (
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -114,9 +113,24 @@ type Redis struct {
 	Addr     string // host:port; required unless Cluster is set
 	Username string
 	Password string
-	DB       int      // database number; must be 0 with Cluster
-	TLS      bool     // connect with TLS, verifying the server's certificate
-	Cluster  []string // host:port of some Redis Cluster nodes; when set, Addr is ignored
+	DB       int // database number; must be 0 with Cluster
+	// TLS connects with TLS, verifying the server's certificate against the
+	// system's CAs, or those of TLSCaFile.
+	TLS bool
+	// TLSCaFile is a PEM file of the CAs that sign the server's certificate
+	// (a private CA, as managed Redis services have), in place of the
+	// system's. Needs TLS.
+	TLSCaFile string
+	// TLSCertFile and TLSKeyFile are a PEM client certificate and its
+	// private key, for a server that asks for one (tls-auth-clients).
+	// Both or neither; they need TLS.
+	TLSCertFile string
+	TLSKeyFile  string
+	// TLSServerName is the name the server's certificate must hold, when
+	// it is not the host of Addr (or of each Cluster node, by default).
+	// Needs TLS.
+	TLSServerName string
+	Cluster       []string // host:port of some Redis Cluster nodes; when set, Addr is ignored
 }
 
 // Gateway configures the HTTP intake (enqueue serve).
@@ -239,7 +253,8 @@ func validateUI(ui jobs.WebUIConfig) []error {
 	return p
 }
 
-// Validate returns one error per problem in r, each naming its key.
+// Validate returns one error per problem in r, each naming its key. It
+// reads the TLS files and checks them (see TLSConfig).
 func (r Redis) Validate() []error {
 	var p problems
 	if len(r.Cluster) > 0 {
@@ -257,7 +272,8 @@ func (r Redis) Validate() []error {
 	if r.DB < 0 {
 		p.add("redis.db", "must be >= 0, got %d", r.DB)
 	}
-	return p
+	_, errs := r.tlsSetup()
+	return append(p, errs...)
 }
 
 // Client returns a Redis Cluster client when r.Cluster is set, else a client
@@ -265,11 +281,11 @@ func (r Redis) Validate() []error {
 func (r Redis) Client() redis.UniversalClient {
 	if len(r.Cluster) > 0 {
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.tlsConfig(),
+			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.TLSConfig(),
 		})
 	}
 	return redis.NewClient(&redis.Options{
-		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.tlsConfig(),
+		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.TLSConfig(),
 	})
 }
 
@@ -279,21 +295,12 @@ func (r Redis) Client() redis.UniversalClient {
 func (r Redis) AsynqOpt() asynq.RedisConnOpt {
 	if len(r.Cluster) > 0 {
 		return asynq.RedisClusterClientOpt{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.tlsConfig(),
+			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.TLSConfig(),
 		}
 	}
 	return asynq.RedisClientOpt{
-		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.tlsConfig(),
+		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.TLSConfig(),
 	}
-}
-
-// tlsConfig is nil without TLS. The server name is left empty: the TLS dialer
-// takes it from each node's address.
-func (r Redis) tlsConfig() *tls.Config {
-	if !r.TLS {
-		return nil
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12}
 }
 
 // Defaults returns g with every unset value at its default.

@@ -6,6 +6,7 @@ package redistest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"net"
 	"os"
@@ -109,6 +110,7 @@ type Server struct {
 	Addr string
 	dir  string
 	args []string
+	tls  *tls.Config // how Start's PING connects; nil: plain TCP
 	cmd  *exec.Cmd
 }
 
@@ -117,16 +119,38 @@ type Server struct {
 // when the test ends.
 func StartServer(tb testing.TB, args ...string) *Server {
 	tb.Helper()
+	return startServer(tb, &Server{Addr: freeAddr(tb), dir: tb.TempDir(), args: args})
+}
+
+// StartTLSServer starts a redis-server that serves TLS only (--port 0) on
+// a free loopback port, with args that name its certificate, key and CA
+// (--tls-cert-file, --tls-key-file, --tls-ca-cert-file); client is how
+// Start checks that it answers. It is stopped when the test ends.
+func StartTLSServer(tb testing.TB, client *tls.Config, args ...string) *Server {
+	tb.Helper()
+	addr := freeAddr(tb)
+	_, port, _ := net.SplitHostPort(addr)
+	// Later arguments win: these replace StartServer's --port.
+	args = append([]string{"--port", "0", "--tls-port", port}, args...)
+	return startServer(tb, &Server{Addr: addr, dir: tb.TempDir(), args: args, tls: client})
+}
+
+func startServer(tb testing.TB, s *Server) *Server {
+	tb.Helper()
+	s.Start(tb)
+	tb.Cleanup(s.Kill)
+	return s
+}
+
+// freeAddr is a loopback address whose port was free a moment ago.
+func freeAddr(tb testing.TB) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	s := &Server{Addr: addr, dir: tb.TempDir(), args: args}
-	s.Start(tb)
-	tb.Cleanup(s.Kill)
-	return s
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // Start starts the server again after Kill; it returns once it answers PING
@@ -141,7 +165,7 @@ func (s *Server) Start(tb testing.TB) {
 	if err := s.cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, TLSConfig: s.tls})
 	defer rdb.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	for rdb.Ping(context.Background()).Err() != nil {
