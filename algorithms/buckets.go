@@ -243,3 +243,41 @@ func (s *BucketState) ResetAfter(p Params, at int64) int64 {
 	u := unitsOf(p)
 	return max(0, ceilDiv(s.Busy[len(s.Busy)-1].End-s.at(u, at), u.perMicro))
 }
+
+// LeaseWindow is, for events booked at once on a bucket (pieces, as Record
+// returned them), the instants at which each of them may happen instead of
+// the instant they were booked at: from the end of their server time less
+// the window, to its start. An event at any such instant still has its
+// server time within the window after it, so the bucket's limit holds
+// (see BucketState). ok is false when no instant is left.
+func LeaseWindow(p Params, pieces string) (from, to int64, ok bool) {
+	v := ints(pieces)
+	if len(v) < 3 || len(v)%2 == 0 {
+		return 0, 0, false
+	}
+	u := unitsOf(p)
+	ref, first, last := v[0], v[1], v[len(v)-1]
+	from = ref + ceilDiv(last-u.window, u.perMicro)
+	to = ref + floorDiv(first, u.perMicro)
+	return from, to, from <= to
+}
+
+// TailPieces returns the pieces of the last n of the events that pieces
+// took: what giving back n of them, unused, gives back. The events used
+// keep the earliest server time, which lies within the window after any
+// instant of LeaseWindow.
+func TailPieces(p Params, pieces string, n int64) string {
+	v := ints(pieces)
+	if len(v) < 3 || len(v)%2 == 0 || n <= 0 {
+		return ""
+	}
+	need := n * unitsOf(p).perEvent
+	var tail []int64
+	for k := len(v) - 2; k >= 1 && need > 0; k -= 2 {
+		start, end := v[k], v[k+1]
+		take := min(need, end-start)
+		tail = append([]int64{end - take, end}, tail...)
+		need -= take
+	}
+	return joinInts(append([]int64{v[0]}, tail...)...)
+}

@@ -64,6 +64,7 @@ type Op struct {
 	Now       int64 // µs, or Now for Redis TIME
 	Name      string
 	NotBefore int64 // book: the earliest instant; block: the block's length
+	Ahead     int64 // book: > 0: the earliest instant is the script's now + Ahead µs instead
 	MaxWait   int64 // book
 	Exact     bool  // book: the turn must be at NotBefore
 	Late      int64 // book: how long after its instant a kept turn is still given (µs; < 0: however long)
@@ -96,7 +97,11 @@ func (op *Op) args() []any {
 		exact = "1"
 	}
 	args := make([]any, 0, 8+8*len(op.Claims))
-	args = append(args, clock, op.Name, op.NotBefore, op.MaxWait, exact, op.Slack, op.Late, len(op.Claims))
+	var notBefore any = op.NotBefore
+	if op.Ahead > 0 {
+		notBefore = "+" + strconv.FormatInt(op.Ahead, 10)
+	}
+	args = append(args, clock, op.Name, notBefore, op.MaxWait, exact, op.Slack, op.Late, len(op.Claims))
 	for _, c := range op.Claims {
 		p := c.Params
 		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack, c.ID)

@@ -20,11 +20,11 @@ import (
 // contract is the full config of the documented contract.
 const contract = `
 redis:   {addr: 127.0.0.1:6379, username: "", password: "", db: 0, tls: false, tls_ca_file: "", tls_cert_file: "", tls_key_file: "", tls_server_name: "", cluster: []}
-worker:  {concurrency: 10, metrics_addr: 127.0.0.1:2112, hold_max: 1s, reserve_max: 1m}
+worker:  {concurrency: 10, metrics_addr: 127.0.0.1:2112, hold_max: 1s, reserve_max: 1m, waiting: 10}
 queues:
   emails: {priority: 3, concurrency: 0, drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1, windows: 0, on_redis_error: local}}
 quotas:
-  example-api: {algorithm: token_bucket, limit: 10, period: 1s, burst: 5, windows: 0, on_redis_error: deny}
+  example-api: {algorithm: token_bucket, limit: 10, period: 1s, burst: 5, windows: 0, on_redis_error: deny, max_block: 10m}
 tasks:
   http:request: {quotas: [example-api], cost: 1, concurrency: 0}
 http:    {allow: [127.0.0.1, api.example.com]}
@@ -62,12 +62,12 @@ func TestLoadContract(t *testing.T) {
 	want := File{
 		Redis: Redis{Addr: "127.0.0.1:6379", Cluster: []string{}},
 		Jobs: jobs.Config{
-			Worker: jobs.WorkerConfig{Concurrency: 10, MetricsAddr: "127.0.0.1:2112", HoldMax: time.Second, ReserveMax: time.Minute},
+			Worker: jobs.WorkerConfig{Concurrency: 10, MetricsAddr: "127.0.0.1:2112", HoldMax: time.Second, ReserveMax: time.Minute, Waiting: 10},
 			Queues: map[string]jobs.QueueConfig{
 				"emails": {Priority: 3, Drain: &jobs.LimitConfig{Algorithm: "leaky_bucket", Limit: 20, Period: time.Second, Burst: 1, OnRedisError: "local"}},
 			},
 			Quotas: map[string]jobs.LimitConfig{
-				"example-api": {Algorithm: "token_bucket", Limit: 10, Period: time.Second, Burst: 5, OnRedisError: "deny"},
+				"example-api": {Algorithm: "token_bucket", Limit: 10, Period: time.Second, Burst: 5, OnRedisError: "deny", MaxBlock: 10 * time.Minute},
 			},
 			Tasks: map[string]jobs.TaskConfig{"http:request": {Quotas: []string{"example-api"}, Cost: 1}},
 			HTTP:  jobs.HTTPConfig{Allow: []string{"127.0.0.1", "api.example.com"}},
@@ -189,7 +189,7 @@ func TestLoadProblems(t *testing.T) {
 				"queues.q.drain.limit: must be > 0, got 0",
 			}},
 		{desc: "unknown worker key", yaml: addr + "worker:\n  concurency: 20",
-			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, ui"}},
+			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, waiting, ui"}},
 		{desc: "unknown section", yaml: addr + "queue: {emails: {priority: 2}}",
 			want: []string{"queue: unknown key; known keys here are redis, worker, queues, quotas, tasks, http, gateway"}},
 		{desc: "unknown key in a list item", yaml: addr + "gateway: {limits: [{name: a, key: ip, limit: 1, period: 1s, burts: 2}]}",
@@ -233,7 +233,7 @@ func TestLoadProblems(t *testing.T) {
 				`http.allow: must be a list, like [a, b], got a mapping`,
 				`queues: must be a mapping of names, got a list`,
 				`redis.tls: must be true or false, got "maybe"`,
-				`worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, ui, got "3"`,
+				`worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, waiting, ui, got "3"`,
 			}},
 		{desc: "key set twice", yaml: addr + "worker: {concurrency: 1, concurrency: 2}",
 			want: []string{`not valid YAML: line 2: mapping key "concurrency" already defined at line 2`}},
@@ -363,7 +363,7 @@ tasks: {'http:request': {quotas: [example-api]}}
 		{desc: "section absent from the file", yaml: "redis: {addr: 127.0.0.1:6379}",
 			env: map[string]string{"SLUICE_WORKER_METRICS_ADDR": "0.0.0.0:2112", "SLUICE_WORKER_HOLD_MAX": "2s", "SLUICE_REDIS_TLS": "true", "SLUICE_HTTP_ALLOW": "a,b"},
 			check: func(f File) bool {
-				return f.Jobs.Worker == jobs.WorkerConfig{Concurrency: 10, MetricsAddr: "0.0.0.0:2112", HoldMax: 2 * time.Second, ReserveMax: time.Minute} &&
+				return f.Jobs.Worker == jobs.WorkerConfig{Concurrency: 10, MetricsAddr: "0.0.0.0:2112", HoldMax: 2 * time.Second, ReserveMax: time.Minute, Waiting: 10} &&
 					f.Redis.TLS && reflect.DeepEqual(f.Jobs.HTTP.Allow, []string{"a", "b"})
 			}},
 		{desc: "redis.cluster list", env: map[string]string{"SLUICE_REDIS_CLUSTER": "h1:7000, h2:7001,,h3:7002"},

@@ -37,7 +37,7 @@ queues:
 	}
 	// Output:
 	// queues.Emails: names must be lower case (config keys are case-insensitive)
-	// worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, ui
+	// worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, waiting, ui
 	// worker.hold_max: must be a duration with a unit, like 1s, 500ms or 5m, got "5"
 	// redis.addr: must be set to host:port, like 127.0.0.1:6379 (or set redis.cluster)
 	// queues.reports.drain.limit: must be > 0, got 0

@@ -65,7 +65,14 @@ type LimitConfig struct {
 	Burst        int
 	Windows      int
 	OnRedisError string // deny, allow or local
+	// MaxBlock bounds how long an upstream's Retry-After may block a quota
+	// (quotas only; default 10m): one header must not freeze a task type
+	// for years.
+	MaxBlock time.Duration
 }
+
+// defaultMaxBlock is a quota's MaxBlock unless the config says otherwise.
+const defaultMaxBlock = 10 * time.Minute
 
 // TaskConfig is what a task type draws on.
 type TaskConfig struct {
@@ -92,6 +99,9 @@ const (
 	OnRedisErrorLocal = throttle.OnRedisErrorLocal // an in-process limiter at the limit divided by the live workers
 )
 
+// maxMaxBlock bounds quotas.<name>.max_block.
+const maxMaxBlock = 24 * time.Hour
+
 // maxWaiting bounds worker.waiting: each waiting task is a goroutine and an
 // active task in asynq's lists.
 const maxWaiting = 10_000
@@ -111,7 +121,7 @@ func (c Config) Defaults() Config {
 		c.Worker.ReserveMax = time.Minute
 	}
 	if c.Worker.Waiting == 0 {
-		c.Worker.Waiting = c.Worker.Concurrency
+		c.Worker.Waiting = max(1, c.Worker.Concurrency)
 	}
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, q := range c.Queues {
@@ -127,7 +137,11 @@ func (c Config) Defaults() Config {
 	c.Queues = queues
 	quotas := make(map[string]LimitConfig, len(c.Quotas))
 	for name, l := range c.Quotas {
-		quotas[name] = l.defaults(throttle.TokenBucket)
+		l = l.defaults(throttle.TokenBucket)
+		if l.MaxBlock == 0 {
+			l.MaxBlock = defaultMaxBlock
+		}
+		quotas[name] = l
 	}
 	c.Quotas = quotas
 	tasks := make(map[string]TaskConfig, len(c.Tasks))
@@ -189,10 +203,16 @@ func (c Config) Validate() []error {
 		}
 		if q.Drain != nil {
 			errs = append(errs, q.Drain.validate(key+".drain")...)
+			if q.Drain.MaxBlock != 0 {
+				bad(key+".drain.max_block", "applies to quotas only: an upstream's Retry-After blocks the quotas of the task's type, never a queue's drain")
+			}
 		}
 	}
 	for _, name := range sortedKeys(c.Quotas) {
 		errs = append(errs, c.Quotas[name].validate("quotas."+name)...)
+		if mb := c.Quotas[name].MaxBlock; mb < time.Second || mb > maxMaxBlock {
+			bad("quotas."+name+".max_block", "must be between 1s and %v, got %v", maxMaxBlock, mb)
+		}
 	}
 	for _, name := range sortedKeys(c.Tasks) {
 		t := c.Tasks[name]

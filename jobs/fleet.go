@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -68,11 +69,12 @@ func (s *Scheduler) Run(ctx context.Context) {
 	}
 }
 
-// rescueOrphans puts back the tasks that asynq archived only because the
-// worker running them died and they had no retry left (MaxRetry 0): sluice
-// runs every task at least once. One worker of the fleet looks, every few
-// seconds, at the newest 200 archived tasks of each queue (a crash orphans
-// at most the tasks its worker was running).
+// rescueOrphans runs again the tasks that asynq archived only because the
+// worker running them died and they had no retry left (MaxRetry 0): one
+// worker death is forgiven (a deploy), a second is not (see rescue). One
+// worker of the fleet looks, every few seconds, at the newest 200 archived
+// tasks of each queue (a crash orphans at most the tasks its worker was
+// running).
 func (s *Scheduler) rescueOrphans(ctx context.Context) {
 	claim := throttle.Key("sluice:rescue:", "orphans")
 	if ok, err := s.rdb.SetNX(ctx, claim, s.worker, 4*time.Second).Result(); err != nil || !ok {
@@ -92,15 +94,42 @@ func (s *Scheduler) rescueOrphans(ctx context.Context) {
 				break
 			}
 			for _, t := range tasks {
-				if t.LastErr == asynq.ErrLeaseExpired.Error() {
-					if err := s.inspector.RunTask(queue, t.ID); err == nil {
-						s.log.Info("a task archived when its worker died runs again", "queue", queue, "id", t.ID)
-					}
+				if s.rescue(ctx, queue, t) {
+					s.log.Info("a task archived when its worker died runs again", "queue", queue, "id", t.ID)
 				}
 			}
 		}
 	}
 }
+
+// rescue runs again task t of queue, archived by asynq because its worker
+// died and it had no retry left, if it has not been rescued before: a task
+// whose runs keep ending in worker deaths (a poison task that crashes its
+// worker) stays archived, its last error asynq's "task lease expired", and
+// that is logged once. A task with retries spends one per worker death
+// (AsynqConfig's IsFailure counts them) and is archived by asynq once they
+// are spent; it is not rescued.
+func (s *Scheduler) rescue(ctx context.Context, queue string, t *asynq.TaskInfo) bool {
+	if t.LastErr != asynq.ErrLeaseExpired.Error() || t.MaxRetry > 0 {
+		return false
+	}
+	key := throttle.Key("sluice:rescued:", queue) + ":" + t.ID
+	first, err := s.rdb.SetNX(ctx, key, "rescued", rescueMemory).Result()
+	switch {
+	case err != nil:
+		return false
+	case !first:
+		// Report it once: the mark says so.
+		if was, err := s.rdb.SetArgs(ctx, key, "reported", redis.SetArgs{Get: true, KeepTTL: true}).Result(); err == nil && was == "rescued" {
+			s.log.Warn("a task whose runs ended in worker deaths twice stays archived", "queue", queue, "id", t.ID, "type", t.Type)
+		}
+		return false
+	}
+	return s.inspector.RunTask(queue, t.ID) == nil
+}
+
+// rescueMemory is how long a rescued task is remembered as rescued.
+const rescueMemory = 24 * time.Hour
 
 // listenForBlocks keeps s.blocked up to date from blockChannel until ctx
 // ends; go-redis resubscribes by itself after a reconnect.

@@ -94,3 +94,47 @@ func TestRedisUnreachable(t *testing.T) {
 		})
 	}
 }
+
+// TestDenyWaitsInRedis (9.5): with the limits' Redis down and a gate whose
+// policy is deny, its tasks wait in Redis, not in the worker's slots: an
+// ungated queue on the same worker (concurrency 2) runs all its tasks at
+// once, and the gated tasks (Timeout 3s, MaxRetry 0) are never archived.
+func TestDenyWaitsInRedis(t *testing.T) {
+	gated, free := redistest.Queue(t, "gated"), redistest.Queue(t, "free")
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 2},
+		Queues: map[string]jobs.QueueConfig{
+			gated: {Drain: &jobs.LimitConfig{Limit: 5, Period: time.Second, Burst: 1, OnRedisError: jobs.OnRedisErrorDeny}},
+			free:  {},
+		},
+	}
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	opt := asynq.RedisClientOpt{Addr: redistest.Addr(t)}
+	sched, err := jobs.NewScheduler(dead, opt, cfg, jobs.NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	mux := asynq.NewServeMux()
+	mux.Use(sched.Middleware)
+	mux.Handle("test:record", rec)
+	srvCfg := sched.AsynqConfig()
+	srvCfg.ShutdownTimeout = time.Second
+	srv := asynq.NewServer(opt, srvCfg)
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Shutdown(); sched.Close() }()
+	enqueue(t, gated, 6, asynq.Timeout(3*time.Second), asynq.MaxRetry(0))
+	time.Sleep(200 * time.Millisecond) // the gated ones first
+	enqueue(t, free, 10)
+	testkit.WaitFor(t, 3*time.Second, "the ungated queue's tasks", func() bool { return len(rec.All()) >= 10 })
+	time.Sleep(4 * time.Second) // past the gated tasks' timeout
+	if info := redistest.QueueInfo(t, gated); info.Archived != 0 || info.Failed != 0 {
+		t.Fatalf("gated queue while its limits' Redis is down: %d archived, %d failed; want none: they wait in Redis", info.Archived, info.Failed)
+	}
+	if ran := len(rec.All()); ran != 10 {
+		t.Fatalf("%d tasks ran, want the 10 ungated ones only", ran)
+	}
+}

@@ -165,11 +165,13 @@ func (s *Scheduler) AsynqConfig() asynq.Config {
 		DelayedTaskCheckInterval: delayedTaskCheck,
 		TaskCheckInterval:        taskCheck,
 		Logger:                   asynqLogger{s.log},
-		// Neither waiting nor the death of the worker that ran a task is the
-		// task's failure: it is not counted, and it comes back soon.
+		// Waiting is not the task's failure: it is not counted, and it
+		// comes back soon. The death of the worker that ran it is: a task
+		// that crashes its worker must not crash the fleet for ever (see
+		// rescue for the one death a task without retries is forgiven).
 		IsFailure: func(err error) bool {
 			var wait *waitError
-			return !errors.As(err, &wait) && !errors.Is(err, errWaitInRedis) && !errors.Is(err, asynq.ErrLeaseExpired)
+			return !errors.As(err, &wait) && !errors.Is(err, errWaitInRedis)
 		},
 		RetryDelayFunc: func(n int, err error, t *asynq.Task) time.Duration {
 			var wait *waitError

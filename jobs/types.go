@@ -52,6 +52,9 @@ type HTTPRequestPayload struct {
 type UpstreamBusyError struct {
 	Status     int
 	RetryAfter time.Duration
+	// Ignored, if not empty, says why a Retry-After the upstream sent was
+	// not used (in the past, or neither a number nor a date).
+	Ignored string
 }
 
 // Error implements error.
@@ -73,7 +76,9 @@ func UpstreamBusy(resp *http.Response) *UpstreamBusyError {
 	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
 		return nil
 	}
-	return &UpstreamBusyError{Status: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+	busy := &UpstreamBusyError{Status: resp.StatusCode}
+	busy.RetryAfter, busy.Ignored = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
+	return busy
 }
 
 // Type describes a built-in task type.
@@ -267,22 +272,27 @@ func hostOf(rawURL string) string {
 }
 
 // parseRetryAfter reads a Retry-After value, delta-seconds or an HTTP-date
-// (RFC 9110 10.2.3), as a wait from now; absent, unparsable or past is 0.
-func parseRetryAfter(v string, now time.Time) time.Duration {
+// (RFC 9110 10.2.3), as a wait from now; absent, unparsable or past is 0,
+// and then the second result says why, for the log.
+func parseRetryAfter(v string, now time.Time) (time.Duration, string) {
 	v = strings.TrimSpace(v)
 	if v == "" {
-		return 0
+		return 0, ""
 	}
 	if s, err := strconv.ParseInt(v, 10, 64); err == nil {
 		if s < 0 || s > int64(1<<63-1)/int64(time.Second) {
-			return 0
+			return 0, fmt.Sprintf("Retry-After %.40q is out of range", v)
 		}
-		return time.Duration(s) * time.Second
+		return time.Duration(s) * time.Second, ""
 	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
+	t, err := http.ParseTime(v)
+	switch {
+	case err != nil:
+		return 0, fmt.Sprintf("Retry-After %.40q is neither seconds nor an HTTP-date", v)
+	case !t.After(now):
+		return 0, fmt.Sprintf("Retry-After %.40q is in the past", v)
 	}
-	return 0
+	return t.Sub(now), ""
 }
 
 func parseNoop(b []byte) error {

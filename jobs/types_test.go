@@ -138,10 +138,10 @@ func TestHTTPRequestStatus(t *testing.T) {
 		{desc: "204", status: 204},
 		{desc: "500 is retried", status: 500, wantErr: true},
 		{desc: "404 is retried", status: 404, wantErr: true},
-		{desc: "429 delta-seconds", status: 429, retryAfter: "2", wantBusy: &UpstreamBusyError{429, 2 * time.Second}},
-		{desc: "503 HTTP-date", status: 503, retryAfter: inTenSeconds, wantBusy: &UpstreamBusyError{503, 10 * time.Second}},
-		{desc: "429 no Retry-After", status: 429, wantBusy: &UpstreamBusyError{429, 0}},
-		{desc: "503 unparsable Retry-After", status: 503, retryAfter: "soon", wantBusy: &UpstreamBusyError{503, 0}},
+		{desc: "429 delta-seconds", status: 429, retryAfter: "2", wantBusy: &UpstreamBusyError{Status: 429, RetryAfter: 2 * time.Second}},
+		{desc: "503 HTTP-date", status: 503, retryAfter: inTenSeconds, wantBusy: &UpstreamBusyError{Status: 503, RetryAfter: 10 * time.Second}},
+		{desc: "429 no Retry-After", status: 429, wantBusy: &UpstreamBusyError{Status: 429}},
+		{desc: "503 unparsable Retry-After", status: 503, retryAfter: "soon", wantBusy: &UpstreamBusyError{Status: 503}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.desc, func(t *testing.T) {
@@ -374,20 +374,22 @@ func TestParseRetryAfter(t *testing.T) {
 	tests := []struct {
 		desc, value string
 		want        time.Duration
+		ignored     string // in the reason it was ignored; "" when used
 	}{
-		{"absent", "", 0},
-		{"seconds", "120", 2 * time.Minute},
-		{"zero", "0", 0},
-		{"negative", "-3", 0},
-		{"overflow", "99999999999999999999", 0},
-		{"date", now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
-		{"past date", now.Add(-time.Hour).Format(http.TimeFormat), 0},
-		{"garbage", "tomorrow", 0},
+		{"absent", "", 0, ""},
+		{"seconds", "120", 2 * time.Minute, ""},
+		{"zero", "0", 0, ""},
+		{"negative", "-3", 0, "out of range"},
+		{"overflow", "99999999999999999999", 0, "neither seconds nor an HTTP-date"},
+		{"date", now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second, ""},
+		{"past date", now.Add(-time.Hour).Format(http.TimeFormat), 0, "in the past"},
+		{"garbage", "tomorrow", 0, "neither seconds nor an HTTP-date"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.desc, func(t *testing.T) {
-			if got := parseRetryAfter(tt.value, now); got != tt.want {
-				t.Errorf("parseRetryAfter(%q) = %v, want %v", tt.value, got, tt.want)
+			got, ignored := parseRetryAfter(tt.value, now)
+			if got != tt.want || (tt.ignored == "") != (ignored == "") || !strings.Contains(ignored, tt.ignored) {
+				t.Errorf("parseRetryAfter(%q) = %v, %q; want %v and a reason saying %q", tt.value, got, ignored, tt.want, tt.ignored)
 			}
 		})
 	}

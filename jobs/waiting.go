@@ -213,20 +213,33 @@ func (s *Scheduler) isCopy(queue, id string, want *asynq.Task) bool {
 // Retry-After has passed, on every worker, and sends the task back to wait
 // for it: an API that says "not now" has not failed the task.
 func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, busy *UpstreamBusyError) error {
+	if busy.Ignored != "" {
+		s.log.Warn("upstream busy: its Retry-After is ignored", "type", t.Type(), "status", busy.Status, "why", busy.Ignored)
+	}
 	wait := busy.RetryAfter
 	if wait <= 0 {
-		wait = time.Second // no Retry-After: a short pause, then ask the quotas again
+		wait = time.Second // no usable Retry-After: a short pause, then ask the quotas again
 	}
+	longest := time.Duration(0)
 	for _, g := range gs.quotasOf(t.Type()) {
+		block := wait
+		if block > g.limit.MaxBlock {
+			s.log.Warn("upstream busy: Retry-After longer than the quota's max_block; blocked for max_block", "quota", g.key, "retry_after", wait, "max_block", g.limit.MaxBlock)
+			block = g.limit.MaxBlock
+		}
+		longest = max(longest, block)
 		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
-		s.block(g.key, s.clock.Now().Add(wait))
-		if err := g.lim.Block(ctx, g.key, wait); err != nil {
+		s.block(g.key, s.clock.Now().Add(block))
+		if err := g.lim.Block(ctx, g.key, block); err != nil {
 			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)
 		}
-		if err := s.rdb.Publish(ctx, blockChannel, g.key+" "+strconv.FormatInt(wait.Microseconds(), 10)).Err(); err != nil {
+		if err := s.rdb.Publish(ctx, blockChannel, g.key+" "+strconv.FormatInt(block.Microseconds(), 10)).Err(); err != nil {
 			s.log.Warn("cannot tell the fleet of a blocked quota", "quota", g.key, "err", err)
 		}
 	}
-	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", wait)
-	return s.waitInRedis(ctx, t, queue, id, wait)
+	if len(gs.quotasOf(t.Type())) == 0 {
+		longest = min(wait, defaultMaxBlock) // no quota to bound it: the default
+	}
+	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", longest)
+	return s.waitInRedis(ctx, t, queue, id, longest)
 }

@@ -1,7 +1,9 @@
 package jobs_test
 
 import (
+	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,11 +92,14 @@ func TestCopyIDTakenByAnother(t *testing.T) {
 	if _, err := client.Enqueue(asynq.NewTask("test:record", []byte("squatter")), append(opts, asynq.TaskID("victim~1"), asynq.ProcessIn(3*time.Second))...); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{"a", "b", "c"} {
+	for _, p := range []string{"a", "b", "c", "d", "e"} {
 		if _, err := client.Enqueue(asynq.NewTask("test:record", []byte(p)), opts...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// Booked after them: its turn 2.5s away, beyond what its 2s timeout
+	// lets it wait in the worker.
+	testkit.WaitFor(t, 5*time.Second, "the others to be booked", func() bool { return redistest.QueueInfo(t, queue).Pending == 0 })
 	if _, err := client.Enqueue(asynq.NewTask("test:record", []byte("victim")), append(opts, asynq.TaskID("victim"), asynq.Timeout(2*time.Second))...); err != nil {
 		t.Fatal(err)
 	}
@@ -106,5 +111,84 @@ func TestCopyIDTakenByAnother(t *testing.T) {
 	}
 	if copies := counterSum(t, reg, "sluice_throttled_tasks_total", "requeued"); copies < 1 {
 		t.Errorf("no task went back to Redis: the copy's id was never in question")
+	}
+}
+
+// busyOnce answers the first task with an upstream's 429 and a Retry-After
+// of ten years, and notes every run.
+type busyOnce struct {
+	recorder
+	busy atomic.Bool
+}
+
+func (b *busyOnce) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	b.Note(string(t.Payload()))
+	if b.busy.CompareAndSwap(false, true) {
+		return &jobs.UpstreamBusyError{Status: 429, RetryAfter: 10 * 365 * 24 * time.Hour}
+	}
+	return nil
+}
+
+// TestRetryAfterClamped (9.2): an upstream's Retry-After of ten years blocks
+// the quota for its max_block (here 2s), not ten years: the tasks run
+// again once it is over, and the quota says so.
+func TestRetryAfterClamped(t *testing.T) {
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 4},
+		Queues: map[string]jobs.QueueConfig{queue: {}},
+		Quotas: map[string]jobs.LimitConfig{quota: {Limit: 100, Period: time.Second, MaxBlock: 2 * time.Second}},
+		Tasks:  map[string]jobs.TaskConfig{"test:record": {Quotas: []string{quota}}},
+	}
+	rec := &busyOnce{}
+	fleet(t, cfg, 1, rec)
+	enqueue(t, queue, 1)
+	testkit.WaitFor(t, 5*time.Second, "the first run", func() bool { return len(rec.All()) >= 1 })
+	blockedAt := time.Now()
+	enqueue(t, queue, 3)
+	testkit.WaitFor(t, 10*time.Second, "every task after the block", func() bool { return len(rec.All()) >= 5 })
+	runs := rec.All()
+	if first := runs[1].Sub(blockedAt); first < 1500*time.Millisecond || first > 4*time.Second {
+		t.Errorf("the first run after the 429 came %v after it; want about max_block, 2s", first)
+	}
+}
+
+// TestPausedQueueResumesAtItsRate (10.1): a drained queue paused part-way
+// (as an outage or a deploy would) resumes at its rate: turns booked before
+// the pause and come back for long after it are booked again, not run
+// together.
+func TestPausedQueueResumesAtItsRate(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 10},
+		Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: 10, Period: time.Second, Burst: 1}}},
+	}
+	rec := &recorder{}
+	fleet(t, cfg, 2, rec)
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	enqueue(t, queue, 40, asynq.MaxRetry(0))
+	testkit.WaitFor(t, 5*time.Second, "the run to get going", func() bool { return len(rec.All()) >= 8 })
+	if err := inspector.PauseQueue(queue); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	resumed := time.Now()
+	if err := inspector.UnpauseQueue(queue); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 15*time.Second, "every task", func() bool { return len(rec.All()) >= 40 })
+	after := rec.Matching(func(string) bool { return true })
+	var later []time.Time
+	for _, at := range after {
+		if at.After(resumed) {
+			later = append(later, at)
+		}
+	}
+	if most := testkit.MaxInWindow(later, time.Second); most > 11 {
+		t.Errorf("%d tasks within one second after the pause, want at most the rate + burst, 11", most)
+	}
+	if rec.Distinct() != 40 || len(after) != 40 {
+		t.Errorf("%d runs of %d tasks, want 40 of 40", len(after), rec.Distinct())
 	}
 }

@@ -7,7 +7,8 @@
 --            when the claim has no ID)
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
 -- ARGV[2] -> op: book, cancel, block or peek
--- ARGV[3] -> book: not before (µs); block: for how long (µs)
+-- ARGV[3] -> book: not before (µs; "+d": d µs after now); block: for how
+--            long (µs)
 -- ARGV[4] -> book: the longest wait (µs); 0 counts now or never
 -- ARGV[5] -> book: '1' if the turn must be at not before exactly
 -- ARGV[6] -> TTL slack (µs), added to every TTL
@@ -142,7 +143,12 @@ for _, c in ipairs(claims) do forget(c) end
 -- refused), then the earliest instant at which all fit: each claim's
 -- earliest turn only moves forward as the instant asked about does.
 local max_wait, exact = tonumber(ARGV[4]), ARGV[5] == '1'
-local start = math.max(now, tonumber(ARGV[3]))
+local start = now
+if string.sub(ARGV[3], 1, 1) == '+' then
+  start = now + tonumber(string.sub(ARGV[3], 2))
+else
+  start = math.max(now, tonumber(ARGV[3]))
+end
 local at = start
 for _, c in ipairs(claims) do
   c.from = math.max(start, c.g.blocked)

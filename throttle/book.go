@@ -102,6 +102,17 @@ func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time
 	return b.book(ctx)
 }
 
+// book is Book at exactly ahead after the limiters' now (on their clock,
+// which this process need not share): for a Pool's leases.
+func book(ctx context.Context, claims []Claim, ahead time.Duration) (Booking, error) {
+	parts, err := partsOf(claims)
+	if err != nil {
+		return Booking{}, err
+	}
+	b := &booker{parts: parts, ahead: ahead.Microseconds(), maxWait: ahead.Microseconds()}
+	return b.book(ctx)
+}
+
 // ErrRedisDenied is wrapped by the error of a call that Redis could not
 // decide, on a limiter whose failure policy is deny.
 var ErrRedisDenied = errors.New("throttle: redis failed and the limit's policy is deny")
@@ -141,6 +152,7 @@ type step struct {
 	op        string // algorithms.OpBook, OpCancel, OpBlock or OpPeek
 	parts     []*part
 	notBefore int64    // book: µs; block: the block's length
+	ahead     int64    // book: > 0: not before now + ahead µs on the site's clock instead
 	maxWait   int64    // book
 	exact     bool     // book
 	late      int64    // book: see MaxLate
@@ -242,6 +254,7 @@ func (g *group) run(ctx context.Context, s *step) error {
 type booker struct {
 	parts     []*part
 	notBefore int64
+	ahead     int64 // > 0: not before the limiters' now + ahead µs, instead of notBefore
 	maxWait   int64
 	late      int64
 	moving    time.Time // when the latest round that moved turns began
@@ -257,7 +270,7 @@ const maxRounds = 8
 func (b *booker) book(ctx context.Context) (Booking, error) {
 	groups := groupsOf(b.parts)
 	first := func(g *group) *step {
-		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, maxWait: b.maxWait, late: b.late}
+		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, ahead: b.ahead, maxWait: b.maxWait, late: b.late}
 		for _, p := range g.parts {
 			if p.replaces != "" {
 				s.giveBack = make([]string, len(g.parts))

@@ -387,3 +387,50 @@ func TestBookByID(t *testing.T) {
 		})
 	}
 }
+
+// TestLargeStates (9.11): no call fails for the size of its state. A
+// sliding log gives back a reservation of 9,000 events; a sliding counter of
+// 1,000 sub-windows booked in every sub-window it books ahead keeps
+// deciding; a reservation beyond what a limiter books ahead is refused, not
+// an error; and a cost above the limit is ErrInvalidCost, not a call.
+func TestLargeStates(t *testing.T) {
+	ctx := context.Background()
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			log, _ := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 10_000, Period: time.Minute})
+			res, err := log.(throttle.Reserver).ReserveN(ctx, "big", 9_000, time.Second)
+			if err != nil || !res.OK {
+				t.Fatalf("reserving 9,000 events: %+v, %v", res, err)
+			}
+			if err := log.(throttle.Reserver).Cancel(ctx, "big", res); err != nil {
+				t.Fatalf("giving back 9,000 events: %v", err)
+			}
+			if d := allow(t, log, "big", 10_000); !d.Allowed {
+				t.Fatalf("after giving back 9,000 events, 10,000 = %+v; want allowed", d)
+			}
+			if _, err := log.AllowN(ctx, "big", 190_000); !errors.Is(err, throttle.ErrInvalidCost) {
+				t.Fatalf("AllowN(190,000) on a limit of 10,000: %v, want ErrInvalidCost", err)
+			}
+
+			counter, clock := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.SlidingCounter, Limit: 1_000_000, Period: time.Second, Windows: 1000})
+			r := counter.(throttle.Reserver)
+			sub := time.Second / 1000
+			for i := range 2000 {
+				res, err := r.ReserveAfter(ctx, "wide", 1, t0.Add(time.Duration(i)*sub), time.Hour)
+				if err != nil || !res.OK {
+					t.Fatalf("reservation %d in its own sub-window: %+v, %v", i, res, err)
+				}
+			}
+			res, err = r.ReserveAfter(ctx, "wide", 1, t0.Add(2100*sub), time.Hour)
+			if err != nil || res.OK {
+				t.Fatalf("reservation past what a counter books ahead: %+v, %v; want refused, no error", res, err)
+			}
+			clock.Set(t0.Add(500 * sub))
+			start := time.Now()
+			if d := allow(t, counter, "wide", 1); !d.Allowed {
+				t.Fatalf("a call on the full-grown counter = %+v; want allowed", d)
+			}
+			t.Logf("one call on a sliding counter holding %d sub-windows: %v", 2000, time.Since(start))
+		})
+	}
+}

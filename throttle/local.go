@@ -208,7 +208,11 @@ func (localSite) run(_ context.Context, st *step) error {
 			}
 		}
 	default:
-		st.out = algorithms.Book(claims, now, st.notBefore, st.maxWait, st.exact, st.late)
+		notBefore := st.notBefore
+		if st.ahead > 0 {
+			notBefore = now + st.ahead
+		}
+		st.out = algorithms.Book(claims, now, notBefore, st.maxWait, st.exact, st.late)
 	}
 	for i, p := range st.parts {
 		l := p.lim.(*localLimiter)

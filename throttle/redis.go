@@ -87,7 +87,7 @@ type redisSite struct {
 
 func (s redisSite) run(ctx context.Context, st *step) error {
 	first := st.parts[0].lim.(*redisLimiter)
-	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, MaxWait: st.maxWait, Exact: st.exact, Late: st.late}
+	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late}
 	if first.clock != nil {
 		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}

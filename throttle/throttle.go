@@ -173,14 +173,32 @@ func compile(spec Spec) (compiled, error) {
 		return bad(err.Field, "%s", err.Problem)
 	}
 	c := compiled{algorithm: algorithm, params: p, capacity: algorithm.Capacity(p), horizon: maxHorizon}
-	if algorithm == algorithms.TokenBucket || algorithm == algorithms.LeakyBucket {
+	switch algorithm {
+	case algorithms.TokenBucket, algorithms.LeakyBucket:
 		// A bucket counts time in units of 1/(Limit/g) µs: turns further
 		// ahead than this would not be counted exactly.
 		perMicro := p.Limit / gcd(p.Limit, p.Period)
 		c.horizon = min(c.horizon, (1<<51)/perMicro)
+	case algorithms.SlidingLog:
+		// A decision may walk every event booked ahead: at most about
+		// maxAheadEvents of them.
+		c.horizon = min(c.horizon, p.Period*max(1, maxAheadEvents/p.Limit))
+	case algorithms.FixedWindow, algorithms.SlidingCounter:
+		// A decision reads every sub-window booked in: at most about
+		// maxAheadWindows ahead.
+		c.horizon = min(c.horizon, p.Period/p.Windows*maxAheadWindows)
 	}
 	return c, nil
 }
+
+// The most state a limiter books ahead, so that one decision stays within
+// a few milliseconds of Redis time (see the README's "cost of a call"):
+// reservations further ahead are refused (their Delay says when to ask
+// again).
+const (
+	maxAheadEvents  = 20_000 // sliding_log: events
+	maxAheadWindows = 2_000  // fixed_window, sliding_counter: (sub-)windows
+)
 
 func gcd(a, b int64) int64 {
 	for b != 0 {

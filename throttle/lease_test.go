@@ -1,0 +1,129 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// countingHook counts the script calls a client sends.
+type countingHook struct {
+	mu    sync.Mutex
+	calls int
+}
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.calls++
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.mu.Lock()
+		h.calls += len(cmds)
+		h.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+// TestPoolLendsExactly: a drain and a quota far above the load, taken from
+// a Pool: most takes make no call to Redis, and the takes, at the instants
+// they happen, never exceed either bucket, also when the load goes past
+// what the limits admit (the pool then rests and Take says no).
+func TestPoolLendsExactly(t *testing.T) {
+	// slots: how many slots the two keys lie on, each a script call per
+	// lease.
+	for name, c := range map[string]struct {
+		rdb   redis.UniversalClient
+		slots int
+	}{"redis": {redistest.Client(t), 1}, "cluster": {redistest.Cluster(t), 2}} {
+		rdb := c.rdb
+		t.Run(name, func(t *testing.T) {
+			hook := &countingHook{}
+			rdb.AddHook(hook)
+			prefix := redistest.Prefix(t)
+			drainSpec := throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 400, Period: time.Second, Burst: 200}
+			quotaSpec := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 300, Period: time.Second, Burst: 150}
+			drain, err := throttle.New(rdb, drainSpec, throttle.WithPrefix(prefix+"drain:"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			quota, err := throttle.New(rdb, quotaSpec, throttle.WithPrefix(prefix+"quota:"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool, err := throttle.NewPool([]throttle.Claim{{Limiter: drain, Key: "q", N: 1}, {Limiter: quota, Key: "api", N: 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			claims := []throttle.Claim{{Limiter: drain, Key: "q", N: 1}, {Limiter: quota, Key: "api", N: 1}}
+			var taken []event
+			ctx := context.Background()
+			// take takes from the pool, or else books as a caller would.
+			take := func() {
+				ok, err := pool.Take(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !ok {
+					b, err := throttle.Book(ctx, claims, time.Time{}, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ok = b.OK
+				}
+				if ok {
+					taken = append(taken, event{time.Now().UnixMicro(), 1})
+				}
+			}
+			// Far below the limits (100/s): leases serve nearly every take.
+			for range 100 {
+				take()
+				time.Sleep(10 * time.Millisecond)
+			}
+			calls := hook.calls
+			t.Logf("below the limits: %d takes with %d Redis commands", len(taken), calls)
+			// A lease serves up to its span (250ms here, half the drain's
+			// window): about 6 leases with the first small ones, and some
+			// give back their tail.
+			if most := 15 * c.slots; len(taken) != 100 || calls > most {
+				t.Errorf("below the limits: %d of 100 takes allowed with %d Redis commands, want all with at most %d", len(taken), calls, most)
+			}
+			// Then past them (up to 2,000/s): the limits still hold.
+			for start := time.Now(); time.Since(start) < time.Second; time.Sleep(500 * time.Microsecond) {
+				take()
+			}
+			// The instants of the takes, on this process's clock: the limits
+			// hold on any clock that runs with theirs.
+			for _, spec := range []throttle.Spec{drainSpec, quotaSpec} {
+				if err := conforms(spec, taken); err != nil {
+					t.Errorf("%s: %v", spec.Algorithm, err)
+				}
+			}
+		})
+	}
+}
+
+// TestPoolNeedsRoom: a leaky bucket of burst 1 spaces events exactly: it
+// cannot lend any ahead, and NewPool says so.
+func TestPoolNeedsRoom(t *testing.T) {
+	lim, err := throttle.New(redistest.Client(t), throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 25, Period: time.Second, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "q", N: 1}}); !errors.Is(err, throttle.ErrNoLease) {
+		t.Fatalf("NewPool on a burst of 1: %v, want ErrNoLease", err)
+	}
+}
