@@ -119,30 +119,13 @@ type Server struct {
 // when the test ends.
 func StartServer(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	return startServer(tb, &Server{Addr: freeAddr(tb), dir: tb.TempDir(), args: args})
-}
-
-// StartTLSServer starts a redis-server that serves TLS only (--port 0) on
-// a free loopback port, with args that name its certificate, key and CA
-// (--tls-cert-file, --tls-key-file, --tls-ca-cert-file); client is how
-// Start checks that it answers. It is stopped when the test ends.
-func StartTLSServer(tb testing.TB, client *tls.Config, args ...string) *Server {
-	tb.Helper()
-	addr := freeAddr(tb)
-	_, port, _ := net.SplitHostPort(addr)
-	// Later arguments win: these replace StartServer's --port.
-	args = append([]string{"--port", "0", "--tls-port", port}, args...)
-	return startServer(tb, &Server{Addr: addr, dir: tb.TempDir(), args: args, tls: client})
-}
-
-func startServer(tb testing.TB, s *Server) *Server {
-	tb.Helper()
+	s := &Server{Addr: freeAddr(tb), dir: tb.TempDir(), args: args}
 	s.Start(tb)
 	tb.Cleanup(s.Kill)
 	return s
 }
 
-// freeAddr is a loopback address whose port was free a moment ago.
+// freeAddr is a loopback address whose port nothing listens on now.
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
