@@ -277,26 +277,36 @@ func (r Redis) Validate() []error {
 }
 
 // Client returns a Redis Cluster client when r.Cluster is set, else a client
-// of r.Addr. The caller closes it.
-func (r Redis) Client() redis.UniversalClient {
-	if len(r.Cluster) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.TLSConfig(),
-		})
+// of r.Addr; shorthand for ClientWith(nil). The caller closes it.
+func (r Redis) Client() redis.UniversalClient { return r.ClientWith(nil) }
+
+// ClientWith returns a client as Client does, with the options r gives
+// changed first by tune, if not nil (a pool size, retries). A cluster
+// client reloads the cluster's map as soon as a node cannot be reached
+// (see reloadOnDialFailure), so that it finds a promoted replica at once.
+func (r Redis) ClientWith(tune func(*redis.UniversalOptions)) redis.UniversalClient {
+	opt := &redis.UniversalOptions{
+		Addrs: []string{r.Addr}, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.TLSConfig(),
 	}
-	return redis.NewClient(&redis.Options{
-		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.TLSConfig(),
-	})
+	if len(r.Cluster) > 0 {
+		opt.Addrs = r.Cluster
+	}
+	if tune != nil {
+		tune(opt)
+	}
+	if len(r.Cluster) > 0 {
+		return newClusterClient(opt.Cluster())
+	}
+	return redis.NewClient(opt.Simple())
 }
 
 // AsynqOpt returns the asynq connection options for r: an
-// asynq.RedisClusterClientOpt when r.Cluster is set, else an
-// asynq.RedisClientOpt.
+// asynq.RedisClientOpt, or with r.Cluster one whose client is Client's
+// (asynq's own cluster client would call a dead master for up to a
+// minute after its replica took over).
 func (r Redis) AsynqOpt() asynq.RedisConnOpt {
 	if len(r.Cluster) > 0 {
-		return asynq.RedisClusterClientOpt{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.TLSConfig(),
-		}
+		return clusterConnOpt{r}
 	}
 	return asynq.RedisClientOpt{
 		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.TLSConfig(),

@@ -442,10 +442,16 @@ func TestRedisClients(t *testing.T) {
 				if tt.wantCluster || opt.Addr != tt.redis.Addr || opt.DB != tt.redis.DB || (opt.TLSConfig != nil) != tt.redis.TLS {
 					t.Errorf("AsynqOpt() = %+v", opt)
 				}
-			case asynq.RedisClusterClientOpt:
-				if !tt.wantCluster || !reflect.DeepEqual(opt.Addrs, tt.redis.Cluster) {
-					t.Errorf("AsynqOpt() = %+v", opt)
+			case clusterConnOpt:
+				c, ok := opt.MakeRedisClient().(*redis.ClusterClient)
+				if !tt.wantCluster || !ok || !reflect.DeepEqual(c.Options().Addrs, tt.redis.Cluster) {
+					t.Errorf("AsynqOpt() = %+v, making a %T", opt, opt.MakeRedisClient())
 				}
+				if ok {
+					c.Close()
+				}
+			default:
+				t.Errorf("AsynqOpt() is a %T", opt)
 			}
 			client := tt.redis.Client()
 			defer client.Close()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -118,7 +119,14 @@ queues:
 	if info, err := inspector.GetQueueInfo(queue); err != nil || info.Archived+info.Retry+info.Pending+info.Scheduled+info.Active != 0 {
 		t.Errorf("queue after the run: %+v, %v; want nothing left", info, err)
 	}
-	// The wrong password above is in the log too, as reason "auth".
+	checkACLLog(t, rdb)
+}
+
+// checkACLLog fails the test if the ACL LOG of rdb's server holds a
+// command, key or channel refused (a wrong password, reason "auth", is
+// not one).
+func checkACLLog(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
 	entries, err := rdb.Do(context.Background(), "ACL", "LOG").Slice()
 	if err != nil {
 		t.Fatal(err)

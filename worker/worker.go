@@ -151,8 +151,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: Run was called before; a Worker runs once")
 	}
 	log := w.opts.log
-	rdb := w.file.Redis.Client()
+	// asynq gets a client of the worker's own, so that the settler reads
+	// through the client that writes each task's end.
+	rdb, asynqRDB := w.file.Redis.Client(), w.file.Redis.Client()
 	defer rdb.Close()
+	defer asynqRDB.Close()
+	settle := &settler{rdb: asynqRDB}
+	settle.watch(rdb)
+	settle.watch(asynqRDB)
 	if err := checkRedis(ctx, w.file.Redis, rdb, log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -162,10 +168,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	defer sched.Close()
+	w.mux.Use(settle.Middleware)
 	w.mux.Use(sched.Middleware)
 	cfg := sched.AsynqConfig()
 	cfg.ShutdownTimeout = w.opts.shutdownTimeout
-	srv := asynq.NewServer(redisOpt, cfg)
+	srv := asynq.NewServerFromRedisClient(asynqRDB, cfg)
 
 	web, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, log)
 	if err != nil {

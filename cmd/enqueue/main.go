@@ -97,17 +97,8 @@ func (a *app) loadConfig() (config.File, error) {
 // after the server ran the script, then "connection refused"), which
 // would make the report of what landed wrong; see writeProbe.
 func newEnqueueClient(r config.Redis, pool int) redis.UniversalClient {
-	tlsConfig := r.TLSConfig()
-	const noRetries = -1
-	if len(r.Cluster) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: tlsConfig,
-			PoolSize: pool, MaxRetries: noRetries, DialerRetries: 1,
-		})
-	}
-	return redis.NewClient(&redis.Options{
-		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: tlsConfig,
-		PoolSize: pool, MaxRetries: noRetries, DialerRetries: 1,
+	return r.ClientWith(func(o *redis.UniversalOptions) {
+		o.PoolSize, o.MaxRetries, o.DialerRetries = pool, -1, 1 // -1: no retries
 	})
 }
 
