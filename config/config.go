@@ -63,6 +63,16 @@
 // do before anything is written; a violation is a *PayloadError that gives
 // the JSON Pointer of each place the payload breaks the schema.
 //
+// # Redis
+//
+// Redis.Client and Redis.AsynqOpt connect as the redis section says, TLS
+// included: the redis.tls_* files are read and checked by Load, and again
+// each time a client is made. Their Redis Cluster clients reload the
+// cluster's map whenever a node cannot be dialled, so that they find a
+// promoted replica at once. Redis.Ping tells a refusal that comes from
+// the config (a *RefusedError naming the key to change: a wrong password,
+// a certificate the configured CA did not sign) from Redis being down.
+//
 // # Watching
 //
 // Watch runs a small fsnotify loop of its own and calls Load (so viper) for

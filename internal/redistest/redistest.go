@@ -1,6 +1,8 @@
 // Package redistest connects tests to the real Redis servers that
 // `make test` (scripts/redis-env.sh) starts for the run: a standalone
-// redis-server and a 3-master Redis Cluster.
+// redis-server and a 3-master Redis Cluster; and starts servers of a
+// test's own (StartServer, StartTLSServer, StartReplicaCluster) from the
+// redis-server binary it names.
 package redistest
 
 import (
