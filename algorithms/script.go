@@ -150,17 +150,26 @@ func (op *Op) finish(cmd *redis.Cmd) {
 // Run runs ops on rdb and sets the outcome of each: one op as one script
 // call, several in one pipeline (one write and one read for all of them,
 // each op still its own atomic script run). Ops that find the script cache
-// empty are run again with the script's body.
+// empty are run again with the script's body. No op is ever sent twice
+// (see onceCmd): one whose connection broke before its reply came has
+// that error, whether or not it ran.
 func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op) {
 	if len(ops) == 1 {
-		ops[0].finish(s.script.Run(ctx, rdb, ops[0].keys(), ops[0].args()...))
+		cmd := s.call(ctx, "evalsha", ops[0])
+		_ = rdb.Process(ctx, onceCmd{cmd}) // the error is in cmd
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			cmd = s.call(ctx, "eval", ops[0])
+			_ = rdb.Process(ctx, onceCmd{cmd})
+		}
+		ops[0].finish(cmd)
 		return
 	}
 	cmds := make([]*redis.Cmd, len(ops))
 	// Every command's error is in its Cmd; Pipelined's is the first of them.
 	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, op := range ops {
-			cmds[i] = s.script.EvalSha(ctx, p, op.keys(), op.args()...)
+			cmds[i] = s.call(ctx, "evalsha", op)
+			_ = p.Process(ctx, onceCmd{cmds[i]})
 		}
 		return nil
 	})
@@ -178,7 +187,8 @@ func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op)
 	// NOSCRIPT means the op did not run; EVAL runs it and caches the script.
 	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, i := range uncached {
-			cmds[i] = s.script.Eval(ctx, p, ops[i].keys(), ops[i].args()...)
+			cmds[i] = s.call(ctx, "eval", ops[i])
+			_ = p.Process(ctx, onceCmd{cmds[i]})
 		}
 		return nil
 	})
@@ -186,3 +196,39 @@ func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op)
 		ops[i].finish(cmds[i])
 	}
 }
+
+// call is the EVALSHA (by the script's hash) or EVAL (with its body) of op.
+func (s *Script) call(ctx context.Context, name string, op *Op) *redis.Cmd {
+	script := s.Hash()
+	if name == "eval" {
+		script = s.source
+	}
+	keys, args := op.keys(), op.args()
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, name, script, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmd := redis.NewCmd(ctx, append(cmdArgs, args...)...)
+	cmd.SetFirstKeyPos(3) // so that a cluster client sends it to its keys' node
+	return cmd
+}
+
+// onceCmd is a script call that go-redis never sends again. By default
+// go-redis sends a command again when the connection broke before its
+// reply came (io.EOF, a reset, a timeout): a *redis.Client up to
+// MaxRetries times (0 means 3), and a *redis.ClusterClient up to
+// MaxRedirects times (0 means 3) whatever its MaxRetries. But the command
+// may have run: a script that counts events would count them twice, and one
+// that gives them back would give them back twice. go-redis skips that
+// retry, for single commands and pipelines alike, on both clients, for a
+// command whose NoRetry reports true; answers that say the command did not
+// run (MOVED, ASK, READONLY) are still followed.
+//
+// This way the limiters hold on any client, whatever its options, and the
+// caller's other commands keep their retries; refusing clients that retry
+// would not do, since a ClusterClient retries with MaxRetries -1 too.
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry implements redis.Cmder.
+func (onceCmd) NoRetry() bool { return true }

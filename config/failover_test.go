@@ -15,7 +15,7 @@ import (
 // being promoted, where go-redis by itself keeps dialling the dead master
 // until its map is a minute old.
 func TestClusterClientFailover(t *testing.T) {
-	c := redistest.StartReplicaCluster(t)
+	c := redistest.StartCluster(t)
 	rdb := Redis{Cluster: c.Addrs()}.Client()
 	defer rdb.Close()
 	ctx := context.Background()
@@ -28,9 +28,15 @@ func TestClusterClientFailover(t *testing.T) {
 	if err := plain.Get(ctx, key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// Replication is asynchronous: the replica must have the key before its master dies.
-	time.Sleep(100 * time.Millisecond)
+	// Replication is asynchronous: the replica must have the key before
+	// its master dies.
 	master := c.MasterOf(t, key)
+	node := redis.NewClient(&redis.Options{Addr: master.Addr})
+	replicas, err := node.Wait(ctx, 1, 5*time.Second).Result()
+	node.Close()
+	if err != nil || replicas != 1 {
+		t.Fatalf("WAIT 1: %d replicas, %v", replicas, err)
+	}
 	master.Kill()
 	promoted := c.WaitPromoted(t, key, master)
 	for rdb.Get(ctx, key).Err() != nil {

@@ -47,6 +47,9 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 		return booking{}, nil
 	}
 	cost, bid := gs.cost(t.Type()), bookingID(queue, id, t)
+	if b, ok := s.lent(ctx, gs, gates, cost, t); ok {
+		return b, nil
+	}
 	claims := make([]throttle.Claim, len(gates))
 	for i, g := range gates {
 		claims[i] = throttle.Claim{Limiter: g.lim, Key: g.key, N: cost, ID: bid}
@@ -108,6 +111,30 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	// Redis's is involved (the answer's way back makes it a little late,
 	// never early).
 	return booking{gates: gates, turns: bk.Turns, ready: s.clock.Now().Add(bk.Delay)}, nil
+}
+
+// lent gives a task that never booked before a turn lent by its gates' pool
+// (throttle.Pool): most tasks of gates far from their limits go without a
+// round trip to Redis. A task back from Redis books: it may hold turns under
+// its booking ID. A pool that cannot lend now (its gates near their limits,
+// or Redis failing) leaves the task to book.
+func (s *Scheduler) lent(ctx context.Context, gs *gateSet, gates []*gate, cost int, t *asynq.Task) (booking, bool) {
+	if n, _ := asynq.GetRetryCount(ctx); n > 0 || t.Headers()[headerOrigin] != "" {
+		return booking{}, false
+	}
+	pool := gs.poolOf(gates, cost)
+	if pool == nil {
+		return booking{}, false
+	}
+	if ok, err := pool.Take(ctx); err != nil || !ok {
+		return booking{}, false
+	}
+	for _, g := range gates {
+		s.metrics.decisions.WithLabelValues(g.name, "lent").Inc()
+	}
+	// A lent turn cannot be given back alone: a task that does not use it
+	// leaves it counted (see giveBack).
+	return booking{ready: s.clock.Now()}, true
 }
 
 // giveBack gives back the turns of a task that will not use them, so that

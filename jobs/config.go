@@ -51,9 +51,13 @@ type WebUIConfig struct {
 
 // QueueConfig is one queue's share of the workers and its drain gate.
 type QueueConfig struct {
-	Priority    int          // asynq priority weight; default 1
-	Concurrency int          // tasks of this queue running at once, fleet-wide; 0: no limit
-	Drain       *LimitConfig // nil: the queue is not rate-limited
+	Priority    int // asynq priority weight; default 1
+	Concurrency int // tasks of this queue running at once, fleet-wide; 0: no limit
+	// ConcurrencyOnRedisError is what a task does when the concurrency
+	// limit cannot be asked: OnRedisErrorWait ("" means it too) or
+	// OnRedisErrorAllow.
+	ConcurrencyOnRedisError string
+	Drain                   *LimitConfig // nil: the queue is not rate-limited
 }
 
 // LimitConfig is one rate limit: a throttle.Spec and what to do when Redis
@@ -84,6 +88,8 @@ type TaskConfig struct {
 	// it does not allow, before anything is written; the worker does not
 	// look at it.
 	Schema string
+	// ConcurrencyOnRedisError is as for QueueConfig.
+	ConcurrencyOnRedisError string
 }
 
 // HTTPConfig limits the http:request job type.
@@ -102,9 +108,21 @@ const (
 // maxMaxBlock bounds quotas.<name>.max_block.
 const maxMaxBlock = 24 * time.Hour
 
+// maxReserve bounds worker.reserve_max: a turn further ahead than a day is
+// a mistake, and the limiters do not book one (throttle's horizon).
+const maxReserve = 24 * time.Hour
+
 // maxWaiting bounds worker.waiting: each waiting task is a goroutine and an
 // active task in asynq's lists.
 const maxWaiting = 10_000
+// OnRedisErrorWait is the default failure policy of a concurrency limit
+// (concurrency_on_redis_error): the task goes back to Redis and asks again
+// a second later, neither run nor held in a slot. The other is
+// OnRedisErrorAllow: the task runs without the limit. A concurrency limit
+// has no local policy: its share for each worker would need the count of
+// the workers serving the queue, and a limit below that count would have
+// a share of zero.
+const OnRedisErrorWait = "wait"
 
 // Defaults returns c with every unset value at its default.
 func (c Config) Defaults() Config {
@@ -180,11 +198,16 @@ func (c Config) Validate() []error {
 	if c.Worker.Concurrency < 1 {
 		bad("worker.concurrency", "must be >= 1, got %d", c.Worker.Concurrency)
 	}
-	if c.Worker.HoldMax < 0 {
-		bad("worker.hold_max", "must be >= 0, got %v", c.Worker.HoldMax)
+	if c.Worker.HoldMax < 0 || c.Worker.HoldMax > maxHoldMax {
+		// A task waiting for its next concurrency slot keeps renewing those
+		// it took; a wait of a lease or more would hold them idle that long.
+		bad("worker.hold_max", "must be from 0 to %v (a third of the %v lease of a concurrency slot), got %v", maxHoldMax, slotLease, c.Worker.HoldMax)
 	}
 	if c.Worker.ReserveMax < c.Worker.HoldMax {
 		bad("worker.reserve_max", "must be >= worker.hold_max (%v), got %v", c.Worker.HoldMax, c.Worker.ReserveMax)
+	}
+	if c.Worker.ReserveMax > maxReserve {
+		bad("worker.reserve_max", "must be at most %v, got %v", maxReserve, c.Worker.ReserveMax)
 	}
 	if c.Worker.Waiting < 1 || c.Worker.Waiting > maxWaiting {
 		bad("worker.waiting", "must be between 1 and %d (0 means worker.concurrency), got %d", maxWaiting, c.Worker.Waiting)
@@ -201,6 +224,7 @@ func (c Config) Validate() []error {
 		if q.Concurrency < 0 {
 			bad(key+".concurrency", "must be >= 0 (0: no limit), got %d", q.Concurrency)
 		}
+		errs = append(errs, validateSlotPolicy(key, q.ConcurrencyOnRedisError)...)
 		if q.Drain != nil {
 			errs = append(errs, q.Drain.validate(key+".drain")...)
 			if q.Drain.MaxBlock != 0 {
@@ -240,8 +264,28 @@ func (c Config) Validate() []error {
 		if t.Concurrency < 0 {
 			bad(key+".concurrency", "must be >= 0 (0: no limit), got %d", t.Concurrency)
 		}
+		errs = append(errs, validateSlotPolicy(key, t.ConcurrencyOnRedisError)...)
 	}
 	return errs
+}
+
+// maxHoldMax bounds worker.hold_max.
+const maxHoldMax = slotLease / 3
+
+func validateSlotPolicy(key, policy string) []error {
+	switch policy {
+	case "", OnRedisErrorWait, OnRedisErrorAllow:
+		return nil
+	}
+	return []error{fmt.Errorf("%s.concurrency_on_redis_error: must be wait (the default) or allow, got %q", key, policy)}
+}
+
+// slotPolicy is a concurrency_on_redis_error with its default applied.
+func slotPolicy(policy string) string {
+	if policy == "" {
+		return OnRedisErrorWait
+	}
+	return policy
 }
 
 func (l LimitConfig) validate(key string) []error {

@@ -2,6 +2,10 @@ package jobs
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -30,7 +34,7 @@ func (s *Scheduler) rebook(ctx context.Context, gs *gateSet, stale []string) {
 	for queue := range gs.cfg.Queues {
 		// Every task that waits in Redis for a turn is in its queue's wake
 		// set; a changed quota may be any type's, in any queue.
-		n, err := wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, s.scriptNow(), "rush").Int()
+		n, err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "rush").Int()
 		if err != nil {
 			s.log.Warn("cannot bring forward tasks booked at an old rate", "queue", queue, "err", err)
 			continue
@@ -46,7 +50,7 @@ func (s *Scheduler) rebook(ctx context.Context, gs *gateSet, stale []string) {
 // (wake.go); and adds this worker's completions to the queues' rates
 // (RecentRate).
 func (s *Scheduler) Run(ctx context.Context) {
-	go s.listenForBlocks(ctx)
+	go s.listenForBlocks(ctx, nil)
 	go s.wake(ctx)
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
@@ -132,25 +136,123 @@ func (s *Scheduler) rescue(ctx context.Context, queue string, t *asynq.TaskInfo)
 const rescueMemory = 24 * time.Hour
 
 // listenForBlocks keeps s.blocked up to date from blockChannel until ctx
-// ends; go-redis resubscribes by itself after a reconnect.
-func (s *Scheduler) listenForBlocks(ctx context.Context) {
+// ends. On any error (a silent connection counts, see blockHealthCheck) it
+// subscribes again from scratch: go-redis's own reconnect dials the node it
+// had, and on Redis Cluster that node may be dead and its replica in its
+// place (measured: 49 s of redialling a dead node, 55 of 300 messages
+// received). A ClusterClient reloads the cluster's state first, so that
+// the new subscription goes to the channel's current node. Each time it has
+// subscribed, it reads back from Redis the blocks in force, which it may
+// have missed: messages sent while it was not subscribed are lost; then it
+// calls readBack, if not nil.
+func (s *Scheduler) listenForBlocks(ctx context.Context, readBack func()) {
+	backoff := blockRetryMin
+	if readBack == nil {
+		readBack = func() {}
+	}
+	for {
+		err := s.takeBlocks(ctx, func() { backoff = blockRetryMin }, readBack)
+		if ctx.Err() != nil {
+			return
+		}
+		if d, _ := s.logGate.AllowN(context.Background(), "blocks", 1); d.Allowed {
+			s.log.Warn("the subscription to upstream blocks failed; subscribing again (further failures in the next 10s are not logged)", "in", backoff, "err", err)
+		}
+		if cluster, ok := s.rdb.(*redis.ClusterClient); ok {
+			cluster.ReloadState(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, blockRetryMax)
+	}
+}
+
+const (
+	// blockRetryMin and blockRetryMax bound the wait before subscribing
+	// again: soon, since blocks announced meanwhile are not heard, but not
+	// in a busy loop while a cluster fails over (a few seconds).
+	blockRetryMin = 50 * time.Millisecond
+	blockRetryMax = 250 * time.Millisecond
+	// blockHealthCheck is how long the subscription may be silent before
+	// it is pinged, and how long the ping may go unanswered before the
+	// subscription counts as dead: a node whose host died sends nothing,
+	// not even the end of the connection.
+	blockHealthCheck = time.Second
+)
+
+// takeBlocks subscribes to blockChannel and notes every block announced
+// until the subscription fails; it returns why. Once subscribed, it calls
+// subscribed, and beside that it reads back the blocks in force, then calls
+// readBack: the connections the reads take may be as dead as the one the
+// subscription had, and take a while to time out.
+func (s *Scheduler) takeBlocks(ctx context.Context, subscribed, readBack func()) error {
 	sub := s.rdb.Subscribe(ctx, blockChannel)
 	defer sub.Close()
+	// A read under way does not watch ctx: closing ends it.
+	defer context.AfterFunc(ctx, func() { sub.Close() })()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		return err
+	}
+	subscribed()
+	go func() {
+		s.readBlocks(ctx)
+		readBack()
+	}()
+	pinged := false
 	for {
-		msg, err := sub.ReceiveMessage(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
+		msg, err := sub.ReceiveTimeout(ctx, blockHealthCheck)
+		var netErr net.Error
+		silent := errors.As(err, &netErr) && netErr.Timeout() && ctx.Err() == nil
+		switch {
+		case silent && !pinged:
+			if err := sub.Ping(ctx); err != nil {
+				return err
 			}
-			time.Sleep(redisRetry)
+			pinged = true
+			continue
+		case silent:
+			return fmt.Errorf("jobs: no answer to a ping on the subscription to blocks within %v: %w", blockHealthCheck, err)
+		case err != nil:
+			return err
+		}
+		pinged = false
+		if m, ok := msg.(*redis.Message); ok {
+			s.takeBlock(m.Payload)
+		}
+	}
+}
+
+// takeBlock notes the block a message of blockChannel announces, if it is
+// of a quota of the config in force. The quota's name is all before the
+// last space: it may hold spaces itself.
+func (s *Scheduler) takeBlock(payload string) {
+	i := strings.LastIndexByte(payload, ' ')
+	if i < 0 {
+		return
+	}
+	quota := payload[:i]
+	us, err := strconv.ParseInt(payload[i+1:], 10, 64)
+	if _, known := s.gates.Load().quotas[quota]; !known || err != nil || us <= 0 || us > math.MaxInt64/int64(time.Microsecond) {
+		return
+	}
+	s.block(quota, s.clock.Now().Add(time.Duration(us)*time.Microsecond))
+}
+
+// readBlocks notes the blocks in force on the quotas (Reserver.Peek): set
+// while this worker was not subscribed, their messages never reached it.
+func (s *Scheduler) readBlocks(ctx context.Context) {
+	for _, g := range s.gates.Load().quotas {
+		level, err := g.lim.Peek(ctx, g.key)
+		if err != nil {
+			s.log.Warn("cannot read back whether a quota is blocked", "quota", g.key, "err", err)
 			continue
 		}
-		quota, us, ok := strings.Cut(msg.Payload, " ")
-		d, err := strconv.ParseInt(us, 10, 64)
-		if !ok || err != nil {
-			continue
+		if level.BlockedFor > 0 {
+			s.block(g.key, s.clock.Now().Add(level.BlockedFor))
 		}
-		s.block(quota, s.clock.Now().Add(time.Duration(d)*time.Microsecond))
 	}
 }
 

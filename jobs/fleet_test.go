@@ -3,27 +3,40 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-func newTestScheduler(t *testing.T, cfg Config) *Scheduler {
+// newScheduler is a Scheduler on cfg whose limits live on rdb, on the
+// system clock, closed when the test ends.
+func newScheduler(t *testing.T, rdb redis.UniversalClient, cfg Config) *Scheduler {
 	t.Helper()
-	s, err := NewScheduler(redistest.Client(t), asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
+	s, err := NewScheduler(rdb, asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
 		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// newTestScheduler is newScheduler on the test's Redis.
+func newTestScheduler(t *testing.T, cfg Config) *Scheduler {
+	t.Helper()
+	return newScheduler(t, redistest.Client(t), cfg)
 }
 
 // TestWorkerDeathCounts (9.6): the death of the worker running a task is
@@ -124,4 +137,189 @@ func TestReloadQueuesRefused(t *testing.T) {
 			t.Fatal("queue a lost its drain after a refused reload")
 		}
 	}
+}
+
+// listen runs s's subscription to blocks until the test ends, and returns
+// once it has first subscribed.
+func listen(t *testing.T, s *Scheduler) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	subscribed := make(chan struct{})
+	var once sync.Once
+	wg.Go(func() { s.listenForBlocks(ctx, func() { once.Do(func() { close(subscribed) }) }) })
+	select {
+	case <-subscribed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not subscribed to blocks after 10s")
+	}
+}
+
+// blocked reports whether s knows that quota is blocked now.
+func blocked(s *Scheduler, quota string) bool {
+	v, ok := s.blocked.Load(quota)
+	return ok && v.(time.Time).After(time.Now())
+}
+
+// quotaConfig is a config with a token bucket quota of each name.
+func quotaConfig(names ...string) Config {
+	cfg := Config{Quotas: map[string]LimitConfig{}}
+	for _, n := range names {
+		cfg.Quotas[n] = LimitConfig{Limit: 10, Period: time.Second}
+	}
+	return cfg
+}
+
+// TestBlockAnnouncements (suspected by reading in issue 10): quota names
+// with spaces and braces, on one server and on a cluster. A block
+// announced on the channel ("<quota> <µs>") reaches a worker whatever the
+// name; a block stored by Block (with no announcement) is read back by a
+// worker when it subscribes. Names with braces never reach a key raw
+// (throttle.Key escapes them): Block and Peek work on the cluster.
+func TestBlockAnnouncements(t *testing.T) {
+	ctx := context.Background()
+	for name, rdb := range map[string]redis.UniversalClient{"redis": redistest.Client(t), "cluster": redistest.Cluster(t)} {
+		t.Run(name, func(t *testing.T) {
+			var quotas []string
+			for _, q := range []string{"api", "my api", "{api}", "a}b {c"} {
+				quotas = append(quotas, redistest.Queue(t, q))
+			}
+			cfg := quotaConfig(quotas...)
+			early := newScheduler(t, rdb, cfg)
+			listen(t, early)
+			for _, q := range quotas {
+				if err := rdb.Publish(ctx, blockChannel, q+" 60000000").Err(); err != nil {
+					t.Fatal(err)
+				}
+				testkit.WaitFor(t, 5*time.Second, fmt.Sprintf("the block of quota %q announced", q), func() bool { return blocked(early, q) })
+			}
+			for _, q := range quotas {
+				if err := early.gates.Load().quotas[q].lim.Block(ctx, q, time.Minute); err != nil {
+					t.Fatalf("Block(%q): %v", q, err)
+				}
+			}
+			late := newScheduler(t, rdb, cfg)
+			listen(t, late)
+			for _, q := range quotas {
+				if !blocked(late, q) {
+					t.Errorf("a worker that subscribed after quota %q was blocked does not know it", q)
+				}
+			}
+		})
+	}
+}
+
+// TestBlocksAfterSilentDeath (10.8): the connection of the subscription
+// goes silent (its node's host died: no end of connection comes). The
+// worker finds out by a ping within a few seconds, subscribes again, and
+// receives the blocks announced from then on.
+func TestBlocksAfterSilentDeath(t *testing.T) {
+	ctx := context.Background()
+	rdb, proxy := redistest.ProxiedClient(t)
+	quota := redistest.Queue(t, "api")
+	s := newScheduler(t, rdb, quotaConfig(quota))
+	listen(t, s)
+	proxy.Silence()
+	silenced := time.Now()
+	publisher := redistest.Client(t)
+	testkit.WaitFor(t, 5*time.Second, "a block announced after the silence", func() bool {
+		if err := publisher.Publish(ctx, blockChannel, quota+" 60000000").Err(); err != nil {
+			t.Fatal(err)
+		}
+		return blocked(s, quota)
+	})
+	t.Logf("a block announced after the subscription went silent arrived %v after", time.Since(silenced).Round(10*time.Millisecond))
+}
+
+// TestBlocksAfterFailover (10.8): on a cluster of 3 masters with a replica
+// each, the node that holds the worker's subscription is killed, and its
+// replica takes over. Blocks announced after the failover reach the worker
+// within a few seconds, and none is lost after the first; a block stored
+// while the worker had no subscription (its announcement was lost) is read
+// back once it has subscribed again.
+func TestBlocksAfterFailover(t *testing.T) {
+	ctx := context.Background()
+	cluster := redistest.StartCluster(t)
+	rdb := cluster.Client(t)
+	// Its key's slot, 6541, and the blocks channel's, 13005, are on
+	// different masters of the three: the master killed is not the quota's.
+	quota := "api"
+	var announced []string
+	for i := range 200 {
+		announced = append(announced, "m"+strconv.Itoa(i))
+	}
+	s := newScheduler(t, rdb, quotaConfig(append(announced, quota)...))
+	listen(t, s)
+	node := subscriberNode(t, cluster)
+	cluster.Node(node).Kill()
+	killed := time.Now()
+	if err := s.gates.Load().quotas[quota].lim.Block(ctx, quota, time.Minute); err != nil {
+		t.Fatalf("Block: %v", err)
+	}
+	cluster.WaitHealthy(t)
+	failedOver := time.Now()
+	// Announce a block every 20ms for 2s.
+	publisher := cluster.Client(t)
+	published := map[string]time.Time{}
+	for _, m := range announced {
+		if time.Since(failedOver) > 2*time.Second {
+			break
+		}
+		if publisher.Publish(ctx, blockChannel, m+" 60000000").Err() == nil {
+			published[m] = time.Now()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	var first time.Time // when the first announcement received was published
+	received := 0
+	for _, m := range announced {
+		at, ok := published[m]
+		if !ok {
+			continue
+		}
+		if blocked(s, m) {
+			received++
+			if first.IsZero() {
+				first = at
+			}
+		} else if !first.IsZero() {
+			t.Errorf("announcement %s, published %v after the failover, after another was received, was lost", m, at.Sub(failedOver).Round(time.Millisecond))
+		}
+	}
+	if first.IsZero() || first.Sub(failedOver) > time.Second {
+		t.Fatalf("failed over in %v; no announcement published within 1s after was received (%d of %d published received)",
+			failedOver.Sub(killed).Round(10*time.Millisecond), received, len(published))
+	}
+	t.Logf("killed the subscription's node: failed over in %v; the first announcement received was published %v after the failover; %d of %d published received",
+		failedOver.Sub(killed).Round(10*time.Millisecond), first.Sub(failedOver).Round(10*time.Millisecond), received, len(published))
+	if !blocked(s, quota) {
+		t.Fatal("the block stored while the worker had no subscription is not known after it subscribed again")
+	}
+}
+
+// subscriberNode is the address of the node that holds the one
+// subscription to blockChannel.
+func subscriberNode(t *testing.T, c *redistest.FailoverCluster) string {
+	t.Helper()
+	ctx := context.Background()
+	for _, addr := range c.Addrs() {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		clients, err := rdb.ClientList(ctx).Result()
+		rdb.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(clients, "\n") {
+			if strings.Contains(line, " sub=1 ") {
+				return addr
+			}
+		}
+	}
+	t.Fatal("no node holds the subscription to blocks")
+	return ""
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,6 +21,8 @@ type gateSet struct {
 	quotas   map[string]*gate // by quota name
 	queueSem map[string]*throttle.Semaphore
 	typeSem  map[string]*throttle.Semaphore
+	lend     bool     // pools may lend turns (not on a test's clock)
+	pools    sync.Map // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
 }
 
 // gate is one rate limit: a limiter on Redis that applies its own failure
@@ -31,16 +36,18 @@ type gate struct {
 }
 
 // gateOptions are what every gate's limiter is built with besides its
-// spec: the clock of tests, and how many workers share a limit (for the
-// local policy).
+// spec: the clock of tests, how many workers share a limit (for the
+// local policy), and the lease of concurrency slots.
 type gateOptions struct {
 	clock   throttle.Clock // nil: Redis's
 	workers func() int
+	lease   time.Duration
 }
 
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
-		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{}}
+		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
+		lend: o.clock == nil}
 	newGate := func(kind, name string, l LimitConfig) (*gate, error) {
 		// A changed limit starts from a fresh state under a new version: the
 		// old state holds turns booked at the old rate, which would keep the
@@ -67,7 +74,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
 		}
-		return throttle.NewSemaphore(rdb, limit, slotLease, opts...)
+		return throttle.NewSemaphore(rdb, limit, o.lease, opts...)
 	}
 	for name, q := range cfg.Queues {
 		if q.Drain != nil {
@@ -133,6 +140,47 @@ func (gs *gateSet) gatesOf(queue, typ string) []*gate {
 	return append(gates, gs.quotasOf(typ)...)
 }
 
+// poolOf returns the pool that lends turns on gates at cost each, or nil
+// if they cannot lend (a gate is not a bucket, or one with too little room
+// for a lease: see throttle.NewPool). Pools are per set of gates, so there
+// are at most as many as the config has queue and task type pairs.
+func (gs *gateSet) poolOf(gates []*gate, cost int) *throttle.Pool {
+	if !gs.lend {
+		return nil
+	}
+	var key strings.Builder
+	for _, g := range gates {
+		key.WriteString(g.tag)
+		key.WriteByte(' ')
+	}
+	fmt.Fprint(&key, cost)
+	if p, ok := gs.pools.Load(key.String()); ok {
+		return p.(*throttle.Pool)
+	}
+	claims := make([]throttle.Claim, len(gates))
+	for i, g := range gates {
+		claims[i] = throttle.Claim{Limiter: g.lim, Key: g.key, N: cost}
+	}
+	p, err := throttle.NewPool(claims)
+	if err != nil {
+		p = nil // these gates book every task
+	}
+	if was, loaded := gs.pools.LoadOrStore(key.String(), p); loaded {
+		return was.(*throttle.Pool)
+	}
+	return p
+}
+
+// close gives back the turns the pools hold: gs is no longer in force.
+func (gs *gateSet) close() {
+	gs.pools.Range(func(_, p any) bool {
+		if p := p.(*throttle.Pool); p != nil {
+			p.Close()
+		}
+		return true
+	})
+}
+
 func (gs *gateSet) quotasOf(typ string) []*gate {
 	var gates []*gate
 	for _, name := range gs.cfg.Tasks[typ].Quotas {
@@ -144,10 +192,10 @@ func (gs *gateSet) quotasOf(typ string) []*gate {
 func (gs *gateSet) semaphoresOf(queue, typ string) []slot {
 	var slots []slot
 	if sem := gs.queueSem[queue]; sem != nil {
-		slots = append(slots, slot{sem, "queue:" + queue})
+		slots = append(slots, slot{sem, "queue:" + queue, slotPolicy(gs.cfg.Queues[queue].ConcurrencyOnRedisError)})
 	}
 	if sem := gs.typeSem[typ]; sem != nil {
-		slots = append(slots, slot{sem, "type:" + typ})
+		slots = append(slots, slot{sem, "type:" + typ, slotPolicy(gs.cfg.Tasks[typ].ConcurrencyOnRedisError)})
 	}
 	return slots
 }
@@ -181,7 +229,7 @@ func changedTags(old, gs *gateSet) []string {
 // how many events it could admit now: a bucket's level, a window's room.
 // It counts nothing.
 func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[string]int, error) {
-	gs, err := newGateSet(rdb, cfg.Defaults(), gateOptions{})
+	gs, err := newGateSet(rdb, cfg.Defaults(), gateOptions{lease: slotLease})
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,6 @@ type Metrics struct {
 	decisions     *prometheus.CounterVec // gate, result
 	bookings      *prometheus.CounterVec // queue
 	evaluations   *prometheus.CounterVec // gate
-	lateTurns     prometheus.Counter
 	woken         prometheus.Counter
 	throttled     *prometheus.CounterVec   // queue, how
 	waited        *prometheus.CounterVec   // queue
@@ -19,6 +18,7 @@ type Metrics struct {
 	fallbacks     *prometheus.CounterVec   // gate, policy
 	upstreamBusy  *prometheus.CounterVec   // quota
 	completed     *prometheus.CounterVec   // queue, type, result
+	slotsLost     *prometheus.CounterVec   // slot, result
 }
 
 // NewMetrics registers the metrics on reg.
@@ -26,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gate_decisions_total",
-			Help: "Gate decisions by result: now (passed at once), reserved (given a later turn), deferred (no turn within worker.reserve_max), held (a turn booked earlier).",
+			Help: "Gate decisions by result: now (passed at once), lent (passed at once on a turn leased ahead, with no call to Redis), reserved (given a later turn), deferred (no turn within worker.reserve_max), held (a turn booked earlier).",
 		}, []string{"gate", "result"}),
 		bookings: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_bookings_total",
@@ -39,10 +39,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		woken: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_woken_tasks_total",
 			Help: "Tasks that waited in Redis, moved back to pending on time by this worker (see the wake set).",
-		}),
-		lateTurns: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_late_turns_total",
-			Help: "Turns a task came back for more than 100ms after their instant (a pause, an outage, a busy fleet): booked again rather than run late.",
 		}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_throttled_tasks_total",
@@ -67,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"gate"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_policy_fallbacks_total",
-			Help: "Times a gate applied its on_redis_error policy (deny, allow or local).",
+			Help: "Times a gate applied its on_redis_error policy (deny, allow or local; a concurrency limit's concurrency_on_redis_error: wait or allow).",
 		}, []string{"gate", "policy"}),
 		upstreamBusy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_busy_total",
@@ -77,8 +73,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_tasks_processed_total",
 			Help: "Tasks whose handler ran, by result (ok or error).",
 		}, []string{"queue", "type", "result"}),
+		slotsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_slots_lost_total",
+			Help: "Concurrency slots a task lost while it ran (its lease ended, or would have before a renew reached Redis), by slot and result: stopped (its handler's context ended; the task runs again) or retaken (a free slot was taken again).",
+		}, []string{"slot", "result"}),
 	}
-	reg.MustRegister(m.decisions, m.bookings, m.evaluations, m.lateTurns, m.woken, m.throttled, m.waited, m.remaining,
-		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed)
+	reg.MustRegister(m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }

@@ -30,8 +30,12 @@ const (
 	// enough to become pending and be picked up by a worker that was idle,
 	// which then waits the rest of the way.
 	requeueLead = delayedTaskCheck + taskCheck*3/2 + 50*time.Millisecond
+	// alwaysHold: a task whose turn is this close waits for it in the
+	// worker. Going to Redis and back would take longer, and a task back
+	// from Redis comes up to wakeAhead early.
+	alwaysHold = requeueLead + wakeAhead
 	// slotLease is the lease of a concurrency slot; a running task renews it
-	// every third of it.
+	// every third of it (see slots.go).
 	slotLease = 30 * time.Second
 	// redisRetry is how soon a task whose gates Redis could not decide
 	// (policy deny) asks again.
@@ -58,7 +62,8 @@ type Scheduler struct {
 	log       *slog.Logger
 	worker    string // this process, for concurrency leases
 	clock     Clock
-	injected  bool // the clock was injected: the gates read it too
+	injected  bool          // the clock was injected: the gates read it too
+	slotLease time.Duration // slotLease; shorter in tests
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
@@ -66,6 +71,8 @@ type Scheduler struct {
 	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
 	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
 	done    rateCounter   // completions not yet added to the fleet's rate buckets
+	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
+	lookNow chan struct{} // a task was noted due before the next look
 	logGate throttle.Limiter
 }
 
@@ -81,6 +88,8 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:       log,
 		worker:    host + ":" + strconv.Itoa(os.Getpid()),
 		clock:     systemClock{},
+		slotLease: slotLease,
+		lookNow:   make(chan struct{}, 1),
 	}
 	for _, opt := range opts {
 		opt(s)
@@ -101,7 +110,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: func() int { return int(s.workers.Load()) }}
+	o := gateOptions{workers: func() int { return int(s.workers.Load()) }, lease: s.slotLease}
 	if s.injected {
 		o.clock = s.clock
 	}
@@ -110,6 +119,7 @@ func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 
 // Close releases the Scheduler's connections.
 func (s *Scheduler) Close() error {
+	s.gates.Load().close()
 	return errors.Join(s.client.Close(), s.inspector.Close())
 }
 
@@ -137,6 +147,7 @@ func (s *Scheduler) Apply(cfg Config) error {
 		return err
 	}
 	if old := s.gates.Swap(gs); old != nil {
+		old.close()
 		if stale := changedTags(old, gs); len(stale) > 0 {
 			go s.rebook(context.Background(), gs, stale)
 		}
@@ -227,24 +238,25 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
 	}
-	release, retryIn, err := s.takeSlots(ctx, gs, queue, t)
-	if err != nil {
-		return err
-	}
-	if release == nil {
+	slots, retryIn := s.takeSlots(ctx, gs, queue, t)
+	if slots == nil {
 		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, retryIn)
 	}
 	select {
 	case s.running <- struct{}{}:
 	case <-ctx.Done():
-		release()
+		slots.release()
 		s.giveBack(ctx, b)
 		return ctx.Err()
 	}
-	err = next.ProcessTask(ctx, t)
+	err = next.ProcessTask(slots.ctx, t)
 	<-s.running
-	release()
+	if slots.release() && err != nil {
+		// Stopped for losing a concurrency slot: not a failure of the
+		// task, which waits in Redis and runs again once it has its slots.
+		return s.waitInRedis(ctx, t, queue, id, 0)
+	}
 	result := "ok"
 	if err != nil {
 		result = "error"

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -30,31 +31,39 @@ func (r *recorder) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // fleet runs n in-process asynq servers with the scheduler on cfg.
 func fleet(t *testing.T, cfg jobs.Config, n int, handler asynq.Handler) (*jobs.Metrics, *prometheus.Registry) {
 	t.Helper()
-	opt := asynq.RedisClientOpt{Addr: redistest.Addr(t)}
 	reg := prometheus.NewRegistry()
 	metrics := jobs.NewMetrics(reg)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	for i := 0; i < n; i++ {
-		sched, err := jobs.NewScheduler(redistest.Client(t), opt, cfg, metrics, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go sched.Run(ctx)
-		mux := asynq.NewServeMux()
-		mux.Use(sched.Middleware)
-		mux.Handle("test:record", handler)
-		srv := asynq.NewServer(opt, sched.AsynqConfig())
-		if err := srv.Start(mux); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			srv.Shutdown()
-			cancel()
-			sched.Close()
-		})
+	for range n {
+		startWorker(t, redistest.Client(t), cfg, metrics, handler)
 	}
 	return metrics, reg
+}
+
+// startWorker runs an in-process asynq server on the standalone server
+// with the scheduler on cfg, whose limits live on rdb, until the test
+// ends.
+func startWorker(t *testing.T, rdb redis.UniversalClient, cfg jobs.Config, metrics *jobs.Metrics, handler asynq.Handler, opts ...jobs.Option) {
+	t.Helper()
+	opt := asynq.RedisClientOpt{Addr: redistest.Addr(t)}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	sched, err := jobs.NewScheduler(rdb, opt, cfg, metrics, log, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go sched.Run(ctx)
+	mux := asynq.NewServeMux()
+	mux.Use(sched.Middleware)
+	mux.Handle("test:record", handler)
+	srv := asynq.NewServer(opt, sched.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		cancel()
+		sched.Close()
+	})
 }
 
 func enqueue(t *testing.T, queue string, n int, opts ...asynq.Option) {

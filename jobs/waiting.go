@@ -36,8 +36,7 @@ func (e *waitError) Error() string {
 // handlers, if the queue may hold one more task here (at most half of
 // worker.waiting, so that a slow queue cannot keep the others' tasks out);
 // it reports false when the task should rather go back to Redis. A turn
-// closer than requeueLead is always waited for: going to Redis and back
-// would take longer. A task with no retry left waits here up to
+// closer than alwaysHold is always waited for. A task with no retry left waits here up to
 // worker.reserve_max, as long as its deadline allows: in Redis it would
 // have to be a copy, and its id and Unique lock would be free meanwhile.
 func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait time.Duration) bool {
@@ -48,13 +47,13 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 	if deadline, ok := ctx.Deadline(); ok {
 		longest = min(longest, time.Until(deadline)-time.Second)
 	}
-	if wait > longest && wait > requeueLead {
+	if wait > longest && wait > alwaysHold {
 		return false
 	}
 	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
 	holding := v.(*atomic.Int64)
 	limit := int64(max(1, gs.cfg.Worker.Waiting/2))
-	if holding.Add(1) > limit && wait > requeueLead {
+	if holding.Add(1) > limit && wait > alwaysHold {
 		holding.Add(-1)
 		return false
 	}

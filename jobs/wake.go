@@ -15,24 +15,42 @@ import (
 // due, and noted in its queue's wake set with the µs it is due at. asynq
 // schedules in whole seconds: a task scheduled for 12:00:00.900 becomes
 // pending just after 12:00:00.000, 900ms early, and a worker would have to
-// hold it (taking a slot) or send it round again. Instead every worker
-// takes the tasks due from the wake set and moves them to pending
-// (asynq's Inspector.RunTask) on time; if no worker does, asynq's own
-// forwarder still brings them, a little late, and they book again.
+// hold it (taking a slot) or send it round again. Instead one worker of the
+// fleet at a time, the queue's waker, takes the tasks due from the wake set
+// and moves them to pending (asynq's Inspector.RunTask) on time; the others
+// only ask now and then whether its lease has lapsed. If no worker does,
+// asynq's own forwarder still brings them, a little late, and they book
+// again.
 const (
-	wakeBatch   = 100                    // tasks one look moves at most
-	wakeMaxIdle = 200 * time.Millisecond // the longest between two looks
-	wakeMinIdle = 10 * time.Millisecond
-	wakeLatest  = time.Second // how much later than due asynq brings a task back by itself
+	wakeBatch = 100 // tasks one look moves at most
+	// wakeAhead: a look takes the tasks due within it too, so that one
+	// look serves all of them; they come back at most this early, and wait
+	// the rest in the worker (see hold).
+	wakeAhead   = 50 * time.Millisecond
+	wakeMinIdle = wakeAhead              // not sooner: then a look takes nothing new
+	wakeMaxIdle = 100 * time.Millisecond // the waker's longest sleep: a task noted by another worker waits at most that
+	wakeLease   = time.Second            // a waker that dies is replaced this soon
+	wakeWatch   = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
+	wakeLatest  = time.Second            // how much later than due asynq brings a task back by itself
 )
 
 var wakeScript = redis.NewScript(lua.Wake)
 
-func wakeKey(queue string) string { return throttle.Key("sluice:wake:", queue) }
+func wakeKeys(queue string) []string {
+	return []string{throttle.Key("sluice:wake:", queue), throttle.Key("sluice:waker:", queue)}
+}
 
-// noteWake notes that task id of queue is due back in wait.
+// noteWake notes that task id of queue is due back in wait, and tells this
+// worker's waker if it would otherwise look too late.
 func (s *Scheduler) noteWake(ctx context.Context, queue, id string, wait time.Duration) error {
-	return wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, s.scriptNow(), "note", id, wait.Microseconds()).Err()
+	err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "note", id, wait.Microseconds()).Err()
+	if next, ok := s.wakerOf.Load(queue); ok && err == nil && s.clock.Now().Add(wait).Before(next.(time.Time)) {
+		select {
+		case s.lookNow <- struct{}{}:
+		default:
+		}
+	}
+	return err
 }
 
 // scriptNow is the clock a script reads: Redis's own, or the injected one.
@@ -43,29 +61,55 @@ func (s *Scheduler) scriptNow() string {
 	return ""
 }
 
-// wake moves the tasks due back to pending, in every queue, until ctx ends.
+// wake moves the tasks due back to pending, in every queue whose waker
+// this worker is, until ctx ends; then it resigns.
 func (s *Scheduler) wake(ctx context.Context) {
 	for {
-		idle := wakeMaxIdle
+		idle, waker := wakeLease, map[string]bool{}
 		for queue := range s.Config().Queues {
-			if next, ok := s.wakeQueue(ctx, queue); ok {
-				idle = min(idle, next)
+			d, ok := s.wakeQueue(ctx, queue)
+			idle, waker[queue] = min(idle, d), ok
+		}
+		if idle > 0 {
+			idle = max(idle, wakeMinIdle)
+		}
+		next := s.clock.Now().Add(idle)
+		for queue, ok := range waker {
+			if ok {
+				s.wakerOf.Store(queue, next)
+			} else {
+				s.wakerOf.Delete(queue)
 			}
 		}
 		select {
 		case <-ctx.Done():
+			stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			for queue := range s.Config().Queues {
+				_ = wakeScript.Run(stop, s.rdb, wakeKeys(queue), s.scriptNow(), "resign", s.worker).Err()
+			}
 			return
-		case <-s.clock.After(max(idle, wakeMinIdle)):
+		case <-s.lookNow:
+		case <-s.clock.After(idle):
 		}
 	}
 }
 
-// wakeQueue moves queue's tasks that are due to pending, and returns how
-// soon the next one is due.
+// wakeQueue moves queue's tasks that are due (or nearly) to pending, if
+// this worker is its waker, and returns how soon to look again and whether
+// it is the waker.
 func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	reply, err := wakeScript.Run(ctx, s.rdb, []string{wakeKey(queue)}, s.scriptNow(), "take", wakeBatch).Slice()
+	reply, err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "take",
+		wakeBatch, wakeAhead.Microseconds(), s.worker, wakeLease.Microseconds()).Slice()
 	if err != nil || len(reply) == 0 {
-		return 0, false
+		return wakeMaxIdle, false
+	}
+	next, _ := reply[0].(int64)
+	if next == -2 && len(reply) == 2 {
+		// Another worker is the waker: look again when its lease ends, or
+		// sooner in case it resigns.
+		until, _ := reply[1].(int64)
+		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false
 	}
 	for _, v := range reply[1:] {
 		id, _ := v.(string)
@@ -73,9 +117,11 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 		_ = s.inspector.RunTask(queue, id)
 		s.metrics.woken.Inc()
 	}
-	next, _ := reply[0].(int64)
-	if next < 0 {
-		return 0, false
+	if len(reply)-1 >= wakeBatch {
+		return 0, true // more may be due
 	}
-	return time.Duration(next) * time.Microsecond, true
+	if next < 0 {
+		return wakeMaxIdle, true
+	}
+	return min(time.Duration(next)*time.Microsecond-wakeAhead, wakeMaxIdle), true
 }

@@ -132,8 +132,10 @@ if kept_at and (late < 0 or kept_at >= now - late) then
   reply[1], reply[3] = 2, kept_at
   for _, c in ipairs(claims) do
     local at = math.max(kept_at, now)
-    -- Nothing counted, nothing to write: the states' TTLs cover them.
     append(reply, c.g.room(kept_at), 0, at - now + c.g.reset_after(at), c.kept.pieces)
+    -- Nothing counted, but trimming may have moved the state's parts
+    -- between its keys: the state is written as it now is.
+    save(c)
   end
   return reply
 end

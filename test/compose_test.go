@@ -157,15 +157,13 @@ func (r *fleetRun) counter(t *testing.T, name string, match ...string) float64 {
 }
 
 // costs reports what the run cost per task: limiter calls (bookings, one
-// per task and slot) and gate evaluations, trips back to Redis, turns come
-// back for too late.
+// per task and slot) and gate evaluations, trips back to Redis.
 func (r *fleetRun) costs(t *testing.T, tasks int) string {
 	t.Helper()
 	n := float64(tasks)
-	return fmt.Sprintf("per task: %.2f bookings, %.2f gate evaluations, %.2f requeues, %.2f held in a worker; %v late turns",
+	return fmt.Sprintf("per task: %.2f bookings, %.2f gate evaluations, %.2f requeues, %.2f held in a worker",
 		r.counter(t, "sluice_bookings_total")/n, r.counter(t, "sluice_gate_evaluations_total")/n,
-		r.counter(t, "sluice_throttled_tasks_total", `how="requeued"`)/n, r.counter(t, "sluice_throttled_tasks_total", `how="held"`)/n,
-		r.counter(t, "sluice_late_turns_total"))
+		r.counter(t, "sluice_throttled_tasks_total", `how="requeued"`)/n, r.counter(t, "sluice_throttled_tasks_total", `how="held"`)/n)
 }
 
 // finish waits for n requests, lets duplicates show, and checks that each

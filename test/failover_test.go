@@ -26,7 +26,7 @@ import (
 // settler); no node's ACL LOG holds a refusal.
 func TestClusterFailover(t *testing.T) {
 	const tasks, perSecond = 480, 20
-	c := redistest.StartReplicaCluster(t)
+	c := redistest.StartCluster(t)
 	const password = "failover"
 	acl := readmeACL(t, password)
 	for _, n := range c.Nodes { // ACL users are each node's own

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -72,15 +71,5 @@ http: {allow: ['%s']}
 // aclUserWithoutQuotas makes a Redis user that may use asynq's keys and
 // sluice's own, but not those of quotas, and removes it when the test ends.
 func aclUserWithoutQuotas(t *testing.T) (user, password string) {
-	t.Helper()
-	rdb := redistest.Client(t)
-	ctx := context.Background()
-	user, password = "noquota-"+fmt.Sprint(time.Now().UnixNano()), "pw"
-	err := rdb.Do(ctx, "ACL", "SETUSER", user, "on", ">"+password, "+@all", "&*",
-		"~asynq:*", "~sluice:drain:*", "~sluice:rate:*", "~sluice:rescue:*", "~sluice:rebook:*", "~sluice:concurrency:*").Err()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { rdb.Do(context.Background(), "ACL", "DELUSER", user) })
-	return user, password
+	return redistest.ACLUser(t, "asynq:*", "sluice:drain:*", "sluice:rate:*", "sluice:rescue:*", "sluice:rebook:*", "sluice:concurrency:*")
 }

@@ -388,6 +388,43 @@ func TestBookByID(t *testing.T) {
 	}
 }
 
+// TestKeptTurnAfterGap: a task back for its kept turn, when the bucket's
+// busy time has a gap (a turn given back) and the time before the gap has
+// passed, leaves the bucket as it was: the next turn is the same on every
+// engine. (The script once trimmed the bucket's spans for the kept turn
+// without saving the state that named them: the bucket forgot every turn
+// booked, and admitted a burst over its limit.)
+func TestKeptTurnAfterGap(t *testing.T) {
+	spec := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 10, Period: time.Second, Burst: 5}
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			quota := mustNew(t, e, spec, clock, "quota")
+			claims := func(id string) []throttle.Claim { return []throttle.Claim{{Limiter: quota, Key: "api", N: 1, ID: id}} }
+			// 5 at once, then one every 100ms to +1.5s, each kept under its ID.
+			turns := map[string]throttle.Booking{}
+			for i := range 20 {
+				id := fmt.Sprint("task-", i)
+				turns[id] = book(t, claims(id), time.Time{}, time.Minute)
+			}
+			// task-7's turn given back: a gap in the busy time.
+			if err := quota.(throttle.Reserver).Cancel(context.Background(), "api", turns["task-7"].Turns[0]); err != nil {
+				t.Fatal(err)
+			}
+			// Past the busy time before the gap, task-15 is back for its turn.
+			clock.Set(t0.Add(800 * ms))
+			back, err := throttle.Book(context.Background(), claims("task-15"), time.Time{}, time.Minute, throttle.MaxLate(100*ms))
+			if err != nil || !back.Kept || !back.At.Equal(turns["task-15"].At) {
+				t.Fatalf("task-15 back = %+v, %v; want its kept turn at %v", back, err, turns["task-15"].At.Sub(t0))
+			}
+			// Every turn is still booked: the next one after task-19's.
+			if next := book(t, claims(""), time.Time{}, time.Minute); !next.At.Equal(turns["task-19"].At.Add(100 * ms)) {
+				t.Errorf("the next turn at +%v, want +%v, after the 20 booked", next.At.Sub(t0), turns["task-19"].At.Add(100*ms).Sub(t0))
+			}
+		})
+	}
+}
+
 // TestLargeStates (9.11): no call fails for the size of its state. A
 // sliding log gives back a reservation of 9,000 events; a sliding counter of
 // 1,000 sub-windows booked in every sub-window it books ahead keeps

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -35,10 +36,11 @@ var _ limiter = (*redisLimiter)(nil)
 //
 // Concurrent calls share round trips (see WithPipelining). Redis errors
 // are returned as they are, unless WithOnRedisError says otherwise. A
-// script call that timed out, or whose context ended, may have run on the
-// server: do not retry it blindly, or it counts twice; and give New a
-// client that does not retry either (go-redis retries by default:
-// MaxRetries -1 turns that off).
+// script call whose reply did not come (the connection broke, it timed out,
+// its context ended) may have run on the server: the limiter never sends
+// it again, whatever rdb's retry options (go-redis keeps retrying rdb's
+// other commands), and returns an error; do not retry it blindly either,
+// or it may count twice.
 func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) {
 	c, err := compile(spec)
 	if err != nil {
@@ -105,6 +107,13 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		return err
 	}
 	if op.Err != nil {
+		var answered redis.Error
+		if !errors.As(op.Err, &answered) {
+			// No answer: the call may have run. It is not sent again (see
+			// algorithms.Script.Run), so it cannot count twice; the caller's
+			// failure policy decides.
+			return fmt.Errorf("throttle: book script: no reply, so it may or may not have run on the server (it is not sent again): %w", op.Err)
+		}
 		return fmt.Errorf("throttle: book script: %w", op.Err)
 	}
 	st.out = op.Result

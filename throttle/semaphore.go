@@ -15,6 +15,12 @@ var semaphoreScript = redis.NewScript(lua.Semaphore)
 // Semaphore bounds how many holders run at once across a whole fleet. Each
 // holder has a lease that it renews while it runs; a holder that dies stops
 // renewing and its slot comes back when the lease ends.
+//
+// Every operation is keyed by its holder, so running one twice does what
+// running it once does: unlike the limiters' calls, a call whose reply was
+// lost may be sent again, and go-redis's retries are left as they are. A
+// holder whose Acquire failed without an answer may hold a slot, though:
+// Release it (or Acquire again to learn).
 type Semaphore struct {
 	rdb    redis.UniversalClient
 	limit  int
@@ -45,6 +51,10 @@ type SemaphoreState struct {
 	Held    bool          // the holder has a slot, with a fresh lease
 	Holders int           // slots taken now, this holder's included
 	Free    time.Duration // when not Held: until the first lease ends (if nobody releases first)
+	// Lapsed (Renew only): the holder's lease had ended, so it ran
+	// uncounted since, and others may have taken its slot. Held tells
+	// whether it took a free slot again; if not, it must stop.
+	Lapsed bool
 }
 
 // Acquire takes a slot of key for holder if one is free, or renews the
@@ -53,8 +63,9 @@ func (s *Semaphore) Acquire(ctx context.Context, key, holder string) (SemaphoreS
 	return s.run(ctx, "acquire", key, holder)
 }
 
-// Renew extends holder's lease; Held is false if it had lost its slot
-// (its lease ended).
+// Renew extends holder's lease. If the lease had ended, Lapsed is true and
+// the holder takes a free slot again if there is one (Held), as Acquire
+// would; Held is false if there was none.
 func (s *Semaphore) Renew(ctx context.Context, key, holder string) (SemaphoreState, error) {
 	return s.run(ctx, "renew", key, holder)
 }
@@ -75,8 +86,8 @@ func (s *Semaphore) run(ctx context.Context, op, key, holder string) (SemaphoreS
 	if err != nil {
 		return SemaphoreState{}, fmt.Errorf("throttle: semaphore %s: %w", op, err)
 	}
-	if len(reply) != 3 {
-		return SemaphoreState{}, fmt.Errorf("throttle: semaphore script replied %v, want 3 integers", reply)
+	if len(reply) != 4 {
+		return SemaphoreState{}, fmt.Errorf("throttle: semaphore script replied %v, want 4 integers", reply)
 	}
-	return SemaphoreState{Held: reply[0] == 1, Holders: int(reply[1]), Free: micros(reply[2])}, nil
+	return SemaphoreState{Held: reply[0] == 1, Holders: int(reply[1]), Free: micros(reply[2]), Lapsed: reply[3] == 1}, nil
 }

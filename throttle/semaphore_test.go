@@ -72,3 +72,39 @@ func TestSemaphore(t *testing.T) {
 		})
 	}
 }
+
+// TestSemaphoreLapsedLease (10.4): a holder whose lease ended is told so
+// by Renew; it takes a free slot again, and is refused one that another
+// holder took meanwhile.
+func TestSemaphoreLapsedLease(t *testing.T) {
+	ctx := context.Background()
+	for _, e := range engines(t)[1:] {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			sem, err := throttle.NewSemaphore(e.rdb, 1, 10*time.Second, throttle.WithClock(clock), throttle.WithPrefix(redistest.Prefix(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			steps := []struct {
+				desc string
+				at   time.Duration
+				op   func(ctx context.Context, key, holder string) (throttle.SemaphoreState, error)
+				who  string
+				want throttle.SemaphoreState
+			}{
+				{"a acquires", 0, sem.Acquire, "a", throttle.SemaphoreState{Held: true, Holders: 1}},
+				{"a renews in time", 5 * time.Second, sem.Renew, "a", throttle.SemaphoreState{Held: true, Holders: 1}},
+				{"a renews late: the slot is free, a takes it again", 16 * time.Second, sem.Renew, "a", throttle.SemaphoreState{Held: true, Holders: 1, Lapsed: true}},
+				{"b acquires once a's lease ends", 26 * time.Second, sem.Acquire, "b", throttle.SemaphoreState{Held: true, Holders: 1}},
+				{"a renews late: b has the slot", 27 * time.Second, sem.Renew, "a", throttle.SemaphoreState{Holders: 1, Free: 9 * time.Second, Lapsed: true}},
+			}
+			for _, s := range steps {
+				clock.Set(t0.Add(s.at))
+				got, err := s.op(ctx, "q", s.who)
+				if err != nil || got != s.want {
+					t.Fatalf("%s: %+v, %v; want %+v", s.desc, got, err, s.want)
+				}
+			}
+		})
+	}
+}

@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/jobs"
 )
@@ -21,7 +24,8 @@ const workerTasks = 20000
 // runWorker measures what sluice's gates cost a worker: asynq throughput of
 // demo:noop tasks through the Scheduler, with a drain gate and a quota set
 // far above the load so that no task waits, beside plain asynq, in the same
-// run on the same server.
+// run on the same server; then the Redis commands a task costs, passing at
+// once and waiting.
 func runWorker(ctx context.Context, b *bench) error {
 	queue := b.runID + "-worker"
 	cfg := jobs.Config{
@@ -34,7 +38,10 @@ func runWorker(ctx context.Context, b *bench) error {
 	drainOnly.Tasks = nil
 	opt := asynq.RedisClientOpt{Addr: b.addr}
 	measure := func(cfg *jobs.Config) func(ctx context.Context) (float64, error) {
-		return func(ctx context.Context) (float64, error) { return runNoops(ctx, b, opt, cfg, queue) }
+		return func(ctx context.Context) (float64, error) {
+			r, err := runNoops(ctx, b, opt, cfg, queue, workerTasks)
+			return r.rate, err
+		}
 	}
 	rates, err := inRounds(ctx, b, []measurement{
 		{"plain asynq", measure(nil)},
@@ -48,7 +55,7 @@ func runWorker(ctx context.Context, b *bench) error {
 	fmt.Fprintf(b.out, `
 ### worker: what the gates cost
 
-%d demo:noop tasks enqueued up front, then drained by one in-process asynq server (concurrency 20) on the same redis-server: plain, and with sluice's Scheduler middleware whose gates (1,000,000/s) are far above the load, so every task passes at once: one limiter call per gate. Median of %d rounds, rows interleaved.
+%d demo:noop tasks enqueued up front, then drained by one in-process asynq server (concurrency 20) on the same redis-server: plain, and with sluice's Scheduler middleware whose gates (1,000,000/s) are far above the load, so every task passes at once. Tasks take their turns from leases (throttle.Pool): one script call books a batch of turns on all of a task's gates, a batch lasts at most 500ms, and what it did not hand out is given back. Median of %d rounds, rows interleaved.
 
 | worker | tasks/s | ratio to plain asynq |
 |---|--:|--:|
@@ -58,53 +65,177 @@ func runWorker(ctx context.Context, b *bench) error {
 `, workerTasks, b.rounds, grouped(plain),
 		grouped(rates["drain gate"]), rates["drain gate"]/plain,
 		grouped(rates["drain gate + quota"]), rates["drain gate + quota"]/plain)
+	return commandsPerTask(ctx, b, opt, cfg, queue)
+}
+
+// commandsPerTask measures the Redis commands a task costs (INFO
+// commandstats, which counts the commands that scripts run too): plain,
+// passing its gates at once, and waiting for its turn in the worker or in
+// Redis.
+func commandsPerTask(ctx context.Context, b *bench, opt asynq.RedisClientOpt, farAbove jobs.Config, queue string) error {
+	// Drains of burst 1, which cannot lend turns: 1,000,000/s, where every
+	// task books a turn and passes at once; 1,000/s with 2,000 tasks, where
+	// every task waits a little in the worker; 50/s with 400 tasks, 40
+	// fetched at once and no holding, where most go back to Redis to wait
+	// for their turn (those within about 300ms of it wait in the worker: a
+	// trip would take longer).
+	drain := func(rate, concurrency, waiting int, holdMax time.Duration) *jobs.Config {
+		return &jobs.Config{
+			Worker: jobs.WorkerConfig{Concurrency: concurrency, Waiting: waiting, HoldMax: holdMax},
+			Queues: map[string]jobs.QueueConfig{queue: {Drain: &jobs.LimitConfig{Limit: rate, Period: time.Second, Burst: 1}}},
+		}
+	}
+	rows := []struct {
+		name string
+		cfg  *jobs.Config
+		n    int
+	}{
+		{"plain asynq", nil, 4000},
+		{"drain gate + quota, far above the load (turns lent)", &farAbove, 4000},
+		{"drain 1,000,000/s burst 1: every task books, passes at once", drain(1_000_000, 20, 20, time.Second), 4000},
+		{"drain 1,000/s burst 1: every task waits in the worker", drain(1000, 20, 20, time.Second), 2000},
+		{"drain 50/s burst 1, concurrency 40, worker.hold_max 1ns: tasks wait in Redis", drain(50, 40, 2, time.Nanosecond), 400},
+	}
+	fmt.Fprintf(b.out, `
+Redis commands per completed task, from INFO commandstats before and after each run (it counts the commands asynq's and sluice's scripts run, and everything the asynq server does meanwhile: heartbeats, the forwarder every 100ms), one asynq server of concurrency 20 unless the row says:
+
+| worker | tasks | commands per task | ratio to plain asynq | requeued per task |
+|---|--:|--:|--:|--:|
+`)
+	var plain float64
+	for _, row := range rows {
+		b.progress("commands: %s", row.name)
+		r, err := runNoops(ctx, b, opt, row.cfg, queue, row.n)
+		if err != nil {
+			return fmt.Errorf("commands, %s: %w", row.name, err)
+		}
+		perTask := r.commands / float64(row.n)
+		if row.cfg == nil {
+			plain = perTask
+		}
+		fmt.Fprintf(b.out, "| %s | %d | %.1f | %.2f | %.2f |\n", row.name, row.n, perTask, perTask/plain, r.requeued/float64(row.n))
+	}
 	return nil
 }
 
-// runNoops enqueues workerTasks noop tasks, then runs a server until all
-// are done, gated by a Scheduler on cfg unless it is nil, and returns the
-// tasks per second of the draining.
-func runNoops(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs.Config, queue string) (float64, error) {
-	if err := enqueueNoops(opt, queue, workerTasks); err != nil {
-		return 0, err
+// noopRun is what one runNoops saw.
+type noopRun struct {
+	rate     float64 // tasks per second
+	commands float64 // Redis commands the server ran meanwhile
+	requeued float64 // tasks sent back to Redis to wait (sluice_throttled_tasks_total{how="requeued"})
+}
+
+// runNoops enqueues n noop tasks, then runs a server until all are done,
+// gated by a Scheduler on cfg unless it is nil.
+func runNoops(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs.Config, queue string, n int) (noopRun, error) {
+	if err := enqueueNoops(opt, queue, n); err != nil {
+		return noopRun{}, err
 	}
 	var done atomic.Int64
 	finished := make(chan struct{})
 	mux := asynq.NewServeMux()
 	mux.HandleFunc(jobs.TypeNoop, func(context.Context, *asynq.Task) error {
-		if done.Add(1) == workerTasks {
+		if done.Add(1) == int64(n) {
 			close(finished)
 		}
 		return nil
 	})
 	srvCfg := asynq.Config{Concurrency: 20, Queues: map[string]int{queue: 1}, Logger: quietLogger{}}
+	reg := prometheus.NewRegistry()
 	if cfg != nil {
 		log := slog.New(slog.NewTextHandler(io.Discard, nil))
-		sched, err := jobs.NewScheduler(b.rdb, opt, *cfg, jobs.NewMetrics(prometheus.NewRegistry()), log)
+		sched, err := jobs.NewScheduler(b.rdb, opt, *cfg, jobs.NewMetrics(reg), log)
 		if err != nil {
-			return 0, err
+			return noopRun{}, err
 		}
 		defer sched.Close()
+		runCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		go sched.Run(runCtx) // as cmd/worker does: the wake set brings waiting tasks back on time
 		mux.Use(sched.Middleware)
 		srvCfg = sched.AsynqConfig()
 		srvCfg.Logger = quietLogger{}
 	} else {
 		srvCfg.TaskCheckInterval = 100 * time.Millisecond // as the Scheduler sets it
 	}
+	before, err := commandsRun(ctx, b.rdb)
+	if err != nil {
+		return noopRun{}, err
+	}
 	srv := asynq.NewServer(opt, srvCfg)
 	start := time.Now()
 	if err := srv.Start(mux); err != nil {
-		return 0, err
+		return noopRun{}, err
 	}
-	defer srv.Shutdown()
 	select {
 	case <-finished:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		srv.Shutdown()
+		return noopRun{}, ctx.Err()
 	case <-time.After(5 * time.Minute):
-		return 0, fmt.Errorf("only %d of %d tasks done after 5 minutes", done.Load(), workerTasks)
+		srv.Shutdown()
+		return noopRun{}, fmt.Errorf("only %d of %d tasks done after 5 minutes", done.Load(), n)
 	}
-	return workerTasks / time.Since(start).Seconds(), nil
+	rate := float64(n) / time.Since(start).Seconds()
+	after, err := commandsRun(ctx, b.rdb)
+	srv.Shutdown()
+	if err != nil {
+		return noopRun{}, err
+	}
+	requeued := 0.0
+	if cfg != nil {
+		if requeued, err = counterSum(reg, "sluice_throttled_tasks_total", "how", "requeued"); err != nil {
+			return noopRun{}, err
+		}
+	}
+	// The INFO call that read the counts is one of them.
+	return noopRun{rate: rate, commands: float64(after - before - 1), requeued: requeued}, nil
+}
+
+// counterSum adds up the counters of family name whose label is value.
+func counterSum(reg *prometheus.Registry, name, label, value string) (float64, error) {
+	families, err := reg.Gather()
+	if err != nil {
+		return 0, err
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum, nil
+}
+
+// commandsRun is the number of commands the server has run, from INFO
+// commandstats.
+func commandsRun(ctx context.Context, rdb *redis.Client) (int64, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO commandstats: %w", err)
+	}
+	var total int64
+	for line := range strings.Lines(info) {
+		// cmdstat_get:calls=12,usec=34,...
+		_, rest, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO commandstats: %q: %w", strings.TrimSpace(line), err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 func enqueueNoops(opt asynq.RedisClientOpt, queue string, n int) error {

@@ -1,7 +1,7 @@
 // Package redistest connects tests to the real Redis servers that
 // `make test` (scripts/redis-env.sh) starts for the run: a standalone
 // redis-server and a 3-master Redis Cluster; and starts servers of a
-// test's own (StartServer, StartTLSServer, StartReplicaCluster) from the
+// test's own (StartServer, StartTLSServer, StartCluster) from the
 // redis-server binary it names.
 package redistest
 
@@ -34,7 +34,9 @@ func env(tb testing.TB, name string) string {
 // Addr is the standalone server's address.
 func Addr(tb testing.TB) string { return env(tb, "SLUICE_TEST_REDIS_ADDR") }
 
-// Client connects to the standalone server and closes the client when the
+// Client connects to the standalone server, with go-redis's default
+// options as most callers use them (retries included: the limiters never
+// let go-redis send their calls twice), and closes the client when the
 // test ends.
 func Client(tb testing.TB) *redis.Client {
 	tb.Helper()
@@ -68,12 +70,17 @@ func ping(tb testing.TB, rdb redis.UniversalClient) {
 // Prefix returns a key prefix of its own for one test, so that tests in
 // parallel packages share the servers without flushing each other's data.
 func Prefix(tb testing.TB) string {
+	name := strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(tb.Name())
+	return "test:" + name + ":" + randomHex(tb) + ":"
+}
+
+// randomHex is 12 random hex digits.
+func randomHex(tb testing.TB) string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		tb.Fatal(err)
 	}
-	name := strings.NewReplacer("{", "(", "}", ")", " ", "_").Replace(tb.Name())
-	return "test:" + name + ":" + hex.EncodeToString(b[:]) + ":"
+	return hex.EncodeToString(b[:])
 }
 
 // Queue returns an asynq queue name of the test's own (lower case, as
@@ -162,10 +169,32 @@ func (s *Server) Start(tb testing.TB) {
 	}
 }
 
+// alive reports whether the server was started and not killed since.
+func (s *Server) alive() bool { return s.cmd != nil && s.cmd.ProcessState == nil }
+
 // Kill kills the server at once (SIGKILL), as a crash would.
 func (s *Server) Kill() {
-	if s.cmd != nil && s.cmd.ProcessState == nil {
+	if s.alive() {
 		s.cmd.Process.Kill()
 		s.cmd.Wait()
 	}
+}
+
+// ACLUser makes a user of the standalone server that may run every
+// command, on every channel, but only on keys that match patterns (Redis
+// glob patterns), and removes it when the test ends: for tests of what a
+// client does when Redis refuses it some keys.
+func ACLUser(tb testing.TB, patterns ...string) (user, password string) {
+	tb.Helper()
+	rdb := Client(tb)
+	user, password = "test-"+randomHex(tb), "pw"
+	args := []any{"ACL", "SETUSER", user, "on", ">" + password, "+@all", "&*"}
+	for _, p := range patterns {
+		args = append(args, "~"+p)
+	}
+	if err := rdb.Do(context.Background(), args...).Err(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { rdb.Do(context.Background(), "ACL", "DELUSER", user) })
+	return user, password
 }
