@@ -115,6 +115,7 @@ const maxReserve = 24 * time.Hour
 // maxWaiting bounds worker.waiting: each waiting task is a goroutine and an
 // active task in asynq's lists.
 const maxWaiting = 10_000
+
 // OnRedisErrorWait is the default failure policy of a concurrency limit
 // (concurrency_on_redis_error): the task goes back to Redis and asks again
 // a second later, neither run nor held in a slot. The other is
