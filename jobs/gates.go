@@ -21,8 +21,9 @@ type gateSet struct {
 	quotas   map[string]*gate // by quota name
 	queueSem map[string]*throttle.Semaphore
 	typeSem  map[string]*throttle.Semaphore
-	lend     bool     // pools may lend turns (not on a test's clock)
-	pools    sync.Map // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
+	lend     bool          // pools may lend turns (not on a test's clock)
+	replaced chan struct{} // closed when a config with other limits replaces this one
+	pools    sync.Map      // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
 }
 
 // gate is one rate limit: a limiter on Redis that applies its own failure
@@ -47,7 +48,7 @@ type gateOptions struct {
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
-		lend: o.clock == nil}
+		lend: o.clock == nil, replaced: make(chan struct{})}
 	newGate := func(kind, name string, l LimitConfig) (*gate, error) {
 		// A changed limit starts from a fresh state under a new version: the
 		// old state holds turns booked at the old rate, which would keep the

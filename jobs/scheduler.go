@@ -58,6 +58,7 @@ type Scheduler struct {
 	rdb       redis.UniversalClient
 	client    *asynq.Client
 	inspector *asynq.Inspector
+	queues    redis.UniversalClient // asynq's Redis, for what its API cannot do (see ready)
 	metrics   *Metrics
 	log       *slog.Logger
 	worker    string // this process, for concurrency leases
@@ -84,6 +85,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		rdb:       rdb,
 		client:    asynq.NewClient(asynqRedis),
 		inspector: asynq.NewInspector(asynqRedis),
+		queues:    asynqRedis.MakeRedisClient().(redis.UniversalClient),
 		metrics:   m,
 		log:       log,
 		worker:    host + ":" + strconv.Itoa(os.Getpid()),
@@ -120,7 +122,7 @@ func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 // Close releases the Scheduler's connections.
 func (s *Scheduler) Close() error {
 	s.gates.Load().close()
-	return errors.Join(s.client.Close(), s.inspector.Close())
+	return errors.Join(s.client.Close(), s.inspector.Close(), s.queues.Close())
 }
 
 // Config returns the config in force.
@@ -149,6 +151,7 @@ func (s *Scheduler) Apply(cfg Config) error {
 	if old := s.gates.Swap(gs); old != nil {
 		old.close()
 		if stale := changedTags(old, gs); len(stale) > 0 {
+			close(old.replaced) // tasks waiting here book again
 			go s.rebook(context.Background(), gs, stale)
 		}
 	}
@@ -210,27 +213,37 @@ func (s *Scheduler) Middleware(next asynq.Handler) asynq.Handler {
 // the wait for it (hold here, or requeue to Redis), an upstream's block,
 // the concurrency slots, then its handler.
 func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
-	gs := s.gates.Load()
 	queue, _ := asynq.GetQueueName(ctx)
 	id, _ := asynq.GetTaskID(ctx)
-	b, err := s.book(ctx, gs, queue, id, t)
-	if err != nil {
-		return err
-	}
-	if b.askIn > 0 {
-		return s.waitInRedis(ctx, t, queue, id, b.askIn)
-	}
-	if wait := b.ready.Sub(s.clock.Now()); wait > 0 {
-		if !s.hold(ctx, gs, queue, wait) {
+	var gs *gateSet
+	var b booking
+	for {
+		gs = s.gates.Load()
+		var err error
+		if b, err = s.book(ctx, gs, queue, id, t); err != nil {
+			return err
+		}
+		if b.askIn > 0 {
+			return s.waitInRedis(ctx, t, queue, id, b.askIn)
+		}
+		wait := b.ready.Sub(s.clock.Now())
+		if wait <= 0 {
+			break
+		}
+		switch s.hold(ctx, gs, queue, wait) {
+		case toRedis:
 			// Its turns stay kept under its booking ID: back for them just
 			// before they come, it gets them.
 			return s.waitInRedis(ctx, t, queue, id, wait-requeueLead)
+		case limitsChanged:
+			continue // its turns were booked at the old rate: book at the new one
 		}
 		if err := ctx.Err(); err != nil {
 			// Shutting down: asynq puts the task back; its turns go to others.
 			s.giveBack(ctx, b)
 			return err
 		}
+		break
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
@@ -250,7 +263,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		s.giveBack(ctx, b)
 		return ctx.Err()
 	}
-	err = next.ProcessTask(slots.ctx, t)
+	err := next.ProcessTask(slots.ctx, t)
 	<-s.running
 	if slots.release() && err != nil {
 		// Stopped for losing a concurrency slot: not a failure of the

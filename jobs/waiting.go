@@ -32,14 +32,24 @@ func (e *waitError) Error() string {
 	return fmt.Sprintf("sluice: waiting %v in Redis for its turn (not a failure)", e.wait.Round(time.Millisecond))
 }
 
+// holdResult is how a wait in the worker ended.
+type holdResult int
+
+const (
+	held          holdResult = iota // the turn came (or the worker stops: see ctx)
+	toRedis                         // the task should wait in Redis instead
+	limitsChanged                   // its gates' limits changed: its turn is void
+)
+
 // hold waits in this worker for wait, taking none of its slots that run
 // handlers, if the queue may hold one more task here (at most half of
 // worker.waiting, so that a slow queue cannot keep the others' tasks out);
-// it reports false when the task should rather go back to Redis. A turn
-// closer than alwaysHold is always waited for. A task with no retry left waits here up to
-// worker.reserve_max, as long as its deadline allows: in Redis it would
+// else the task should rather go back to Redis. A turn closer than
+// alwaysHold is always waited for. A task with no retry left waits here up
+// to worker.reserve_max, as long as its deadline allows: in Redis it would
 // have to be a copy, and its id and Unique lock would be free meanwhile.
-func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait time.Duration) bool {
+// A config with other limits ends the wait: the task books again.
+func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait time.Duration) holdResult {
 	longest := gs.cfg.Worker.HoldMax
 	if exhausted(ctx) {
 		longest = gs.cfg.Worker.ReserveMax
@@ -48,14 +58,14 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 		longest = min(longest, time.Until(deadline)-time.Second)
 	}
 	if wait > longest && wait > alwaysHold {
-		return false
+		return toRedis
 	}
 	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
 	holding := v.(*atomic.Int64)
 	limit := int64(max(1, gs.cfg.Worker.Waiting/2))
 	if holding.Add(1) > limit && wait > alwaysHold {
 		holding.Add(-1)
-		return false
+		return toRedis
 	}
 	defer holding.Add(-1)
 	s.metrics.throttled.WithLabelValues(queue, "held").Inc()
@@ -63,8 +73,10 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 	select {
 	case <-ctx.Done():
 	case <-s.clock.After(wait):
+	case <-gs.replaced:
+		return limitsChanged
 	}
-	return true
+	return held
 }
 
 // exhausted reports whether the task has no retry left: asynq would archive

@@ -32,9 +32,17 @@ const (
 	wakeLease   = time.Second            // a waker that dies is replaced this soon
 	wakeWatch   = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
 	wakeLatest  = time.Second            // how much later than due asynq brings a task back by itself
+	// A task due that asynq still has as running is looked at again
+	// wakeAgain later, for up to wakeStillActive after it was due: it is
+	// on its way to the retry list.
+	wakeAgain       = 20 * time.Millisecond
+	wakeStillActive = time.Second
 )
 
-var wakeScript = redis.NewScript(lua.Wake)
+var (
+	wakeScript  = redis.NewScript(lua.Wake)
+	readyScript = redis.NewScript(lua.Ready)
+)
 
 func wakeKeys(queue string) []string {
 	return []string{throttle.Key("sluice:wake:", queue), throttle.Key("sluice:waker:", queue)}
@@ -111,17 +119,47 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 		until, _ := reply[1].(int64)
 		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false
 	}
-	for _, v := range reply[1:] {
-		id, _ := v.(string)
-		// Gone (it ran, was deleted) or already pending: nothing to do.
-		_ = s.inspector.RunTask(queue, id)
-		s.metrics.woken.Inc()
+	if err := s.ready(ctx, queue, reply[1:]); err != nil {
+		s.log.Warn("cannot move tasks due back to their queue; asynq brings them a second late", "queue", queue, "err", err)
 	}
-	if len(reply)-1 >= wakeBatch {
+	if (len(reply)-1)/2 >= wakeBatch {
 		return 0, true // more may be due
 	}
 	if next < 0 {
 		return wakeMaxIdle, true
 	}
 	return min(time.Duration(next)*time.Microsecond-wakeAhead, wakeMaxIdle), true
+}
+
+// ready moves the tasks taken from the wake set (id, µs since due, ...) to
+// the head of their queue, in one call: a task back for its turn is taken
+// before the queue's backlog. A task that asynq still lists as running was
+// noted just before asynq moved it to its retry list: it is looked at again
+// in a moment, for up to a second after it was due.
+func (s *Scheduler) ready(ctx context.Context, queue string, taken []any) error {
+	if len(taken) == 0 {
+		return nil
+	}
+	prefix := "asynq:{" + queue + "}:"
+	args := []any{prefix + "t:", s.clock.Now().UnixNano()}
+	for i := 0; i+1 < len(taken); i += 2 {
+		args = append(args, taken[i])
+	}
+	moved, err := readyScript.Run(ctx, s.queues, []string{prefix + "pending", prefix + "retry", prefix + "scheduled"}, args...).Int64Slice()
+	if err != nil {
+		return err
+	}
+	for i, result := range moved {
+		id, _ := taken[2*i].(string)
+		overdue, _ := taken[2*i+1].(int64)
+		switch {
+		case result == 1:
+			s.metrics.woken.Inc()
+		case result == 2 && overdue < wakeStillActive.Microseconds():
+			_ = s.noteWake(ctx, queue, id, wakeAgain)
+		}
+		// Otherwise gone (it ran, was deleted), pending already, or
+		// archived: nothing to do.
+	}
+	return nil
 }

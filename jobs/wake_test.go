@@ -8,7 +8,9 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -106,5 +108,184 @@ func TestWakerOnTime(t *testing.T) {
 	t.Logf("tasks moved by each worker: %v when the waker stopped, %v in all", wokenAtStop, woken)
 	if (wokenAtStop[0] > 0) == (wokenAtStop[1] > 0) || woken[0]+woken[1] != n || woken[0] == 0 || woken[1] == 0 {
 		t.Errorf("tasks moved by each worker: %v when the waker stopped, %v in all; want all %d, by one worker until it stopped and by the other after", wokenAtStop, woken, n)
+	}
+}
+
+// TestHeldTaskBooksAgainOnReload: tasks waiting in the worker for turns
+// booked at the old rate (tasks without retries wait there up to
+// worker.reserve_max) book again when a config with a faster limit comes
+// into force, instead of running at the old rate.
+func TestHeldTaskBooksAgainOnReload(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	cfg := func(perSecond int) Config {
+		return Config{
+			Worker: WorkerConfig{Concurrency: 10},
+			Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Limit: perSecond, Period: time.Second, Burst: 1}}},
+		}
+	}
+	s := newTestScheduler(t, cfg(1))
+	ran := make(chan time.Time, 10)
+	mux := asynq.NewServeMux()
+	mux.Use(s.Middleware)
+	mux.HandleFunc("test:record", func(context.Context, *asynq.Task) error {
+		ran <- time.Now()
+		return nil
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for range 6 {
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.MaxRetry(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-ran // the first, at once; the other five hold turns up to 5s ahead
+	time.Sleep(300 * time.Millisecond)
+	changed := time.Now()
+	if err := s.Apply(cfg(50)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		select {
+		case at := <-ran:
+			if late := at.Sub(changed); late > time.Second {
+				t.Fatalf("task %d ran %v after the drain went to 50/s: it kept its turn at 1/s", i+2, late.Round(time.Millisecond))
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("task %d did not run", i+2)
+		}
+	}
+}
+
+// TestWarm: before the first task, Warm loads the scripts the gates and
+// the wake set run on the server that holds them.
+func TestWarm(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+	defer rdb.Close()
+	queue := redistest.Queue(t, "q")
+	s := newScheduler(t, rdb, Config{
+		Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Limit: 5, Period: time.Second, Burst: 1}}},
+	})
+	ctx := context.Background()
+	hashes := []string{algorithms.BookScript.Hash(), wakeScript.Hash()}
+	if loaded, err := rdb.ScriptExists(ctx, hashes...).Result(); err != nil || loaded[0] || loaded[1] {
+		t.Fatalf("scripts loaded before Warm: %v, %v", loaded, err)
+	}
+	if err := s.Warm(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if loaded, err := rdb.ScriptExists(ctx, hashes...).Result(); err != nil || !loaded[0] || !loaded[1] {
+		t.Errorf("scripts loaded after Warm (book, wake): %v, %v; want both", loaded, err)
+	}
+}
+
+// TestWakeWhileStillActive: a task noted in the wake set just before asynq
+// moves it from its active list to the retry list (a turn a few ms past
+// requeueLead) is not lost to the waker's look in between: it becomes
+// pending when due, not when asynq's own schedule says.
+func TestWakeWhileStillActive(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	s := newTestScheduler(t, Config{Queues: map[string]QueueConfig{queue: {}}})
+	ctx := context.Background()
+	noted, release := make(chan struct{}), make(chan struct{})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("test:wait", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if err := s.noteWake(ctx, queue, id, 0); err != nil {
+			return err
+		}
+		close(noted)
+		<-release
+		return &waitError{wait: time.Hour} // asynq's own schedule: an hour
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	if _, err := client.Enqueue(asynq.NewTask("test:wait", nil), asynq.Queue(queue), asynq.TaskID("w")); err != nil {
+		t.Fatal(err)
+	}
+	<-noted
+	// The look while the task still runs...
+	s.wakeQueue(ctx, queue)
+	close(release)
+	// ...and the looks after: the task is pending within a second.
+	srv.Stop() // takes no more tasks, so pending stays pending
+	deadline := time.Now().Add(time.Second)
+	for {
+		s.wakeQueue(ctx, queue)
+		info, err := s.inspector.GetTaskInfo(queue, "w")
+		if err == nil && info.State == asynq.TaskStatePending {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the task is %v a second after it was due (%v), want pending", info.State, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestWokenTaskFirst: a task back from its wait is taken before the
+// queue's backlog (asynq itself would put it behind every task enqueued
+// before it, and it would come late for its turn).
+func TestWokenTaskFirst(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	s := newTestScheduler(t, Config{Queues: map[string]QueueConfig{queue: {}}})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	ctx := context.Background()
+	for _, id := range []string{"retried", "scheduled"} {
+		if _, err := client.Enqueue(asynq.NewTask("test:order", nil), asynq.Queue(queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// "retried" waits in the retry list, as a task on asynq's retry path does.
+	if err := s.queues.ZAdd(ctx, "asynq:{"+queue+"}:retry", redis.Z{Score: float64(time.Now().Add(time.Hour).Unix()), Member: "retried"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.queues.ZRem(ctx, "asynq:{"+queue+"}:scheduled", "retried")
+	s.queues.HSet(ctx, "asynq:{"+queue+"}:t:retried", "state", "retry")
+	for i := range 20 {
+		if _, err := client.Enqueue(asynq.NewTask("test:order", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprint("backlog-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"retried", "scheduled"} {
+		if err := s.noteWake(ctx, queue, id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.wakeQueue(ctx, queue)
+
+	var order []string
+	done := make(chan struct{})
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("test:order", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		order = append(order, id)
+		if len(order) == 22 {
+			close(done)
+		}
+		return nil
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, asynq.Config{Concurrency: 1, Queues: map[string]int{queue: 1}, LogLevel: asynq.WarnLevel})
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("only %d of 22 tasks ran", len(order))
+	}
+	if first := order[:2]; !(first[0] == "retried" && first[1] == "scheduled" || first[0] == "scheduled" && first[1] == "retried") {
+		t.Errorf("tasks ran in the order %v; want the two woken ones first", order)
 	}
 }

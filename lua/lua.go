@@ -1,6 +1,6 @@
 // Package lua holds sluice's Redis scripts: Book, the one script of every
-// rate limit; the fleet-wide semaphore; and Wake, which brings waiting tasks
-// back on time.
+// rate limit; the fleet-wide semaphore; Wake, which brings waiting tasks
+// back on time, and Ready, which puts them at the head of their queue.
 //
 // Book is common.lua (clock, exact integer division), one constructor per
 // kind of state (counter.lua: fixed_window and sliding_counter;
@@ -27,6 +27,10 @@ var Semaphore = join("common.lua", "semaphore.lua")
 // Wake takes the tasks of a queue that are due back from their wait (see
 // wake.lua).
 var Wake = join("common.lua", "wake.lua")
+
+// Ready moves tasks back from waiting to the head of their queue (see
+// ready.lua).
+var Ready = join("ready.lua")
 
 func join(names ...string) string {
 	var s string

@@ -16,10 +16,11 @@
 --         ARGV[6] -> the waker's lease in µs, renewed by each take
 -- resign: ARGV[3] -> the worker that no longer takes
 -- rush:   every task is due now (the limits changed: their turns are void)
--- Output  -> note: 1; take: {µs until a task is due (-1: none left), ids
---            taken...}, or {-2, µs until the waker's lease ends} when
---            another worker is the waker; resign: 1 if it was the waker;
---            rush: how many
+-- Output  -> note: 1; take: {µs until a task is due (-1: none left), then
+--            per task taken its id and µs since it was due (negative: due
+--            yet)}, or {-2, µs until the waker's lease ends} when another
+--            worker is the waker; resign: 1 if it was the waker; rush: how
+--            many
 
 local now = clock()
 local op = ARGV[2]
@@ -45,12 +46,15 @@ if waker and waker ~= ARGV[5] then
   return {-2, redis.call('PTTL', KEYS[2]) * 1000}
 end
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ceildiv(tonumber(ARGV[6]), 1000))
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[4]), 'LIMIT', 0, tonumber(ARGV[3]))
-for i = 1, #due, 100 do
-  redis.call('ZREM', KEYS[1], unpack(due, i, math.min(i + 99, #due)))
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[4]), 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
+local ids, reply = {}, {-1}
+for i = 1, #due, 2 do
+  ids[#ids + 1] = due[i]
+  reply[#reply + 1], reply[#reply + 2] = due[i], now - tonumber(due[i + 1])
+end
+for i = 1, #ids, 100 do
+  redis.call('ZREM', KEYS[1], unpack(ids, i, math.min(i + 99, #ids)))
 end
 local next_ = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-local reply = {-1}
 if next_[2] then reply[1] = math.max(0, tonumber(next_[2]) - now) end
-for _, id in ipairs(due) do reply[#reply + 1] = id end
 return reply

@@ -203,6 +203,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		log.Error("config change refused; the last good config stays in force", "err", err)
 	})
 
+	warm, cancelWarm := context.WithTimeout(ctx, 5*time.Second)
+	if err := sched.Warm(warm); err != nil {
+		log.Warn("cannot ready the gates before the first task; the first tasks may run a little late", "err", err)
+	}
+	cancelWarm()
 	if err := srv.Start(w.mux); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}

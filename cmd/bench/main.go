@@ -47,6 +47,7 @@ var sections = []section{
 	{"worker", runWorker},
 	{"enqueue", runEnqueue},
 	{"intake", runIntake},
+	{"rate", runRate},
 }
 
 // bench is what every section gets: the server, the settings, and a run id
