@@ -151,14 +151,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: Run was called before; a Worker runs once")
 	}
 	log := w.opts.log
-	// asynq gets a client of the worker's own, so that the settler reads
-	// through the client that writes each task's end.
-	rdb, asynqRDB := w.file.Redis.Client(), w.file.Redis.Client()
+	rdb := w.file.Redis.Client()
 	defer rdb.Close()
+	// asynq's own client, with keepEnds: asynq closes no client it is given.
+	asynqRDB := w.file.Redis.Client()
 	defer asynqRDB.Close()
-	settle := &settler{rdb: asynqRDB}
-	settle.watch(rdb)
-	settle.watch(asynqRDB)
+	asynqRDB.AddHook(keepEnds{})
 	if err := checkRedis(ctx, w.file.Redis, rdb, log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -168,7 +166,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	defer sched.Close()
-	w.mux.Use(settle.Middleware)
 	w.mux.Use(sched.Middleware)
 	cfg := sched.AsynqConfig()
 	cfg.ShutdownTimeout = w.opts.shutdownTimeout
