@@ -63,6 +63,16 @@
 // do before anything is written; a violation is a *PayloadError that gives
 // the JSON Pointer of each place the payload breaks the schema.
 //
+// # Redis
+//
+// Redis.Client and Redis.AsynqOpt connect as the redis section says, TLS
+// included: the redis.tls_* files are read and checked by Load, and again
+// each time a client is made. Their Redis Cluster clients reload the
+// cluster's map whenever a node cannot be dialled, so that they find a
+// promoted replica at once. Redis.Ping tells a refusal that comes from
+// the config (a *RefusedError naming the key to change: a wrong password,
+// a certificate the configured CA did not sign) from Redis being down.
+//
 // # Watching
 //
 // Watch runs a small fsnotify loop of its own and calls Load (so viper) for
@@ -74,7 +84,6 @@ package config
 
 import (
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -114,9 +123,24 @@ type Redis struct {
 	Addr     string // host:port; required unless Cluster is set
 	Username string
 	Password string
-	DB       int      // database number; must be 0 with Cluster
-	TLS      bool     // connect with TLS, verifying the server's certificate
-	Cluster  []string // host:port of some Redis Cluster nodes; when set, Addr is ignored
+	DB       int // database number; must be 0 with Cluster
+	// TLS connects with TLS, verifying the server's certificate against the
+	// system's CAs, or those of TLSCaFile.
+	TLS bool
+	// TLSCaFile is a PEM file of the CAs that sign the server's certificate
+	// (a private CA, as managed Redis services have), in place of the
+	// system's. Needs TLS.
+	TLSCaFile string
+	// TLSCertFile and TLSKeyFile are a PEM client certificate and its
+	// private key, for a server that asks for one (tls-auth-clients).
+	// Both or neither; they need TLS.
+	TLSCertFile string
+	TLSKeyFile  string
+	// TLSServerName is the name the server's certificate must hold, when
+	// it is not the host of Addr (or of each Cluster node, by default).
+	// Needs TLS.
+	TLSServerName string
+	Cluster       []string // host:port of some Redis Cluster nodes; when set, Addr is ignored
 }
 
 // Gateway configures the HTTP intake (enqueue serve).
@@ -239,7 +263,8 @@ func validateUI(ui jobs.WebUIConfig) []error {
 	return p
 }
 
-// Validate returns one error per problem in r, each naming its key.
+// Validate returns one error per problem in r, each naming its key. It
+// reads the TLS files and checks them (see TLSConfig).
 func (r Redis) Validate() []error {
 	var p problems
 	if len(r.Cluster) > 0 {
@@ -257,43 +282,45 @@ func (r Redis) Validate() []error {
 	if r.DB < 0 {
 		p.add("redis.db", "must be >= 0, got %d", r.DB)
 	}
-	return p
+	_, errs := r.tlsSetup()
+	return append(p, errs...)
 }
 
 // Client returns a Redis Cluster client when r.Cluster is set, else a client
-// of r.Addr. The caller closes it.
-func (r Redis) Client() redis.UniversalClient {
-	if len(r.Cluster) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.tlsConfig(),
-		})
+// of r.Addr; shorthand for ClientWith(nil). The caller closes it.
+func (r Redis) Client() redis.UniversalClient { return r.ClientWith(nil) }
+
+// ClientWith returns a client as Client does, with the options r gives
+// changed first by tune, if not nil (a pool size, retries). A cluster
+// client reloads the cluster's map as soon as a node cannot be reached
+// (see reloadOnDialFailure), so that it finds a promoted replica at once.
+func (r Redis) ClientWith(tune func(*redis.UniversalOptions)) redis.UniversalClient {
+	opt := &redis.UniversalOptions{
+		Addrs: []string{r.Addr}, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.TLSConfig(),
 	}
-	return redis.NewClient(&redis.Options{
-		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.tlsConfig(),
-	})
+	if len(r.Cluster) > 0 {
+		opt.Addrs = r.Cluster
+	}
+	if tune != nil {
+		tune(opt)
+	}
+	if len(r.Cluster) > 0 {
+		return newClusterClient(opt.Cluster())
+	}
+	return redis.NewClient(opt.Simple())
 }
 
 // AsynqOpt returns the asynq connection options for r: an
-// asynq.RedisClusterClientOpt when r.Cluster is set, else an
-// asynq.RedisClientOpt.
+// asynq.RedisClientOpt, or with r.Cluster one whose client is Client's
+// (asynq's own cluster client would call a dead master for up to a
+// minute after its replica took over).
 func (r Redis) AsynqOpt() asynq.RedisConnOpt {
 	if len(r.Cluster) > 0 {
-		return asynq.RedisClusterClientOpt{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: r.tlsConfig(),
-		}
+		return clusterConnOpt{r}
 	}
 	return asynq.RedisClientOpt{
-		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.tlsConfig(),
+		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: r.TLSConfig(),
 	}
-}
-
-// tlsConfig is nil without TLS. The server name is left empty: the TLS dialer
-// takes it from each node's address.
-func (r Redis) tlsConfig() *tls.Config {
-	if !r.TLS {
-		return nil
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12}
 }
 
 // Defaults returns g with every unset value at its default.

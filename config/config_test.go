@@ -19,7 +19,7 @@ import (
 
 // contract is the full config of the documented contract.
 const contract = `
-redis:   {addr: 127.0.0.1:6379, username: "", password: "", db: 0, tls: false, cluster: []}
+redis:   {addr: 127.0.0.1:6379, username: "", password: "", db: 0, tls: false, tls_ca_file: "", tls_cert_file: "", tls_key_file: "", tls_server_name: "", cluster: []}
 worker:  {concurrency: 10, metrics_addr: 127.0.0.1:2112, hold_max: 1s, reserve_max: 1m, waiting: 10}
 queues:
   emails: {priority: 3, concurrency: 0, drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1, windows: 0, on_redis_error: local}}
@@ -442,10 +442,16 @@ func TestRedisClients(t *testing.T) {
 				if tt.wantCluster || opt.Addr != tt.redis.Addr || opt.DB != tt.redis.DB || (opt.TLSConfig != nil) != tt.redis.TLS {
 					t.Errorf("AsynqOpt() = %+v", opt)
 				}
-			case asynq.RedisClusterClientOpt:
-				if !tt.wantCluster || !reflect.DeepEqual(opt.Addrs, tt.redis.Cluster) {
-					t.Errorf("AsynqOpt() = %+v", opt)
+			case clusterConnOpt:
+				c, ok := opt.MakeRedisClient().(*redis.ClusterClient)
+				if !tt.wantCluster || !ok || !reflect.DeepEqual(c.Options().Addrs, tt.redis.Cluster) {
+					t.Errorf("AsynqOpt() = %+v, making a %T", opt, opt.MakeRedisClient())
 				}
+				if ok {
+					c.Close()
+				}
+			default:
+				t.Errorf("AsynqOpt() is a %T", opt)
 			}
 			client := tt.redis.Client()
 			defer client.Close()

@@ -13,25 +13,35 @@ import (
 )
 
 // backend is a Redis the fleet runs on: the standalone server or the
-// 3-master cluster that `make test` starts.
+// 3-master cluster that `make test` starts, or a cluster of the test's own.
 type backend struct {
 	name    string
 	cluster bool
+	nodes   []string // the cluster's nodes, if not the one of make test
+	login   string   // the workers' redis.username and redis.password, as YAML keys, if not the default user
 }
 
-var backends = []backend{{"standalone", false}, {"cluster", true}}
+var backends = []backend{{name: "standalone"}, {name: "cluster", cluster: true}}
 
 // yaml is the redis section of a config for the backend.
 func (b backend) yaml(t *testing.T) string {
 	if b.cluster {
-		return fmt.Sprintf("redis: {cluster: [%s]}", strings.Join(redistest.ClusterAddrs(t), ", "))
+		return fmt.Sprintf("redis: {cluster: [%s]%s}", strings.Join(b.clusterNodes(t), ", "), b.login)
 	}
-	return fmt.Sprintf("redis: {addr: %s}", redistest.Addr(t))
+	return fmt.Sprintf("redis: {addr: %s%s}", redistest.Addr(t), b.login)
 }
 
+func (b backend) clusterNodes(t *testing.T) []string {
+	if b.nodes != nil {
+		return b.nodes
+	}
+	return redistest.ClusterAddrs(t)
+}
+
+// asynqOpt connects the test to the backend, as the default user.
 func (b backend) asynqOpt(t *testing.T) asynq.RedisConnOpt {
 	if b.cluster {
-		return asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)}
+		return asynq.RedisClusterClientOpt{Addrs: b.clusterNodes(t)}
 	}
 	return asynq.RedisClientOpt{Addr: redistest.Addr(t)}
 }

@@ -44,6 +44,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/jobs"
@@ -139,7 +140,8 @@ func (w *Worker) HandleFunc(pattern string, handler func(context.Context, *asynq
 // changes, until ctx ends. It then stops taking tasks, waits for running
 // ones (see WithShutdownTimeout) and returns nil. It returns an error if
 // the worker cannot start (the metrics address is taken, Redis refuses
-// asynq) or if Run was called before.
+// the config's login or TLS setup: a *config.RefusedError) or if Run was
+// called before.
 func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	started := w.started
@@ -151,6 +153,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	log := w.opts.log
 	rdb := w.file.Redis.Client()
 	defer rdb.Close()
+	// asynq's own client, with keepEnds: asynq closes no client it is given.
+	asynqRDB := w.file.Redis.Client()
+	defer asynqRDB.Close()
+	asynqRDB.AddHook(keepEnds{})
+	if err := checkRedis(ctx, w.file.Redis, rdb, log); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
 	redisOpt := w.file.Redis.AsynqOpt()
 	sched, err := jobs.NewScheduler(rdb, redisOpt, w.file.Jobs, jobs.NewMetrics(w.opts.registry), log)
 	if err != nil { // config.Load checked the config: this is not expected
@@ -160,7 +169,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mux.Use(sched.Middleware)
 	cfg := sched.AsynqConfig()
 	cfg.ShutdownTimeout = w.opts.shutdownTimeout
-	srv := asynq.NewServer(redisOpt, cfg)
+	srv := asynq.NewServerFromRedisClient(asynqRDB, cfg)
 
 	web, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, log)
 	if err != nil {
@@ -203,6 +212,24 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	log.Info("stopping: waiting for running tasks", "timeout", w.opts.shutdownTimeout)
 	srv.Shutdown()
+	return nil
+}
+
+// checkRedis fails when Redis refuses the worker for a reason in the
+// config (a wrong password or CA): asynq would try again forever, ten
+// error lines a second. Redis that is down or starting is waited for, as
+// asynq does, since it may come back.
+func checkRedis(ctx context.Context, r config.Redis, rdb redis.UniversalClient, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	err := r.Ping(ctx, rdb)
+	var refused *config.RefusedError
+	if errors.As(err, &refused) {
+		return err
+	}
+	if err != nil {
+		log.Warn("Redis does not answer yet; the worker starts and keeps trying", "err", err)
+	}
 	return nil
 }
 

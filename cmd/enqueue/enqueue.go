@@ -381,10 +381,10 @@ func connectAndLoad(cmd *cobra.Command, r config.Redis, total int, next func() (
 	defer rdb.Close()
 	rdb.AddHook(writeHook{})
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-	err := rdb.Ping(ctx).Err()
+	err := r.Ping(ctx, rdb)
 	cancel()
 	if err != nil {
-		return nil, 0, redisFailed(fmt.Errorf("cannot reach %s: %w; nothing was enqueued", redisAt(r), err))
+		return nil, 0, redisFailed(fmt.Errorf("%w; nothing was enqueued", err))
 	}
 	client := asynq.NewClientFromRedisClient(rdb)
 	defer client.Close()

@@ -17,13 +17,13 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
@@ -97,22 +97,22 @@ func (a *app) loadConfig() (config.File, error) {
 // after the server ran the script, then "connection refused"), which
 // would make the report of what landed wrong; see writeProbe.
 func newEnqueueClient(r config.Redis, pool int) redis.UniversalClient {
-	var tlsConfig *tls.Config
-	if r.TLS {
-		// As config.Redis.Client: the server name comes from each address.
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	const noRetries = -1
-	if len(r.Cluster) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: r.Cluster, Username: r.Username, Password: r.Password, TLSConfig: tlsConfig,
-			PoolSize: pool, MaxRetries: noRetries, DialerRetries: 1,
-		})
-	}
-	return redis.NewClient(&redis.Options{
-		Addr: r.Addr, Username: r.Username, Password: r.Password, DB: r.DB, TLSConfig: tlsConfig,
-		PoolSize: pool, MaxRetries: noRetries, DialerRetries: 1,
+	return r.ClientWith(func(o *redis.UniversalOptions) {
+		o.PoolSize, o.MaxRetries, o.DialerRetries = pool, -1, 1 // -1: no retries
 	})
+}
+
+// checkLogin fails when Redis refuses rdb for a reason in the config (a
+// wrong password or CA): every call after would fail the same way. Redis
+// that does not answer is left to the errors of the calls that follow.
+func checkLogin(ctx context.Context, r config.Redis, rdb redis.UniversalClient) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var refused *config.RefusedError
+	if err := r.Ping(ctx, rdb); errors.As(err, &refused) {
+		return redisFailed(err)
+	}
+	return nil
 }
 
 // redisAt names the server(s) r points at, for messages.

@@ -91,6 +91,9 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 	rdb := f.Redis.Client()
 	defer rdb.Close()
+	if err := checkLogin(cmd.Context(), f.Redis, rdb); err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	limiter, err := httplimit.New(rdb, limits, httplimit.WithRegisterer(reg), httplimit.WithLogger(log),

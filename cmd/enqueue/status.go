@@ -98,6 +98,9 @@ func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
 	}
 	rdb := file.Redis.Client()
 	defer rdb.Close()
+	if err := checkLogin(cmd.Context(), file.Redis, rdb); err != nil {
+		return err
+	}
 	inspector := asynq.NewInspectorFromRedisClient(rdb)
 	defer inspector.Close()
 	ctx, out := cmd.Context(), cmd.OutOrStdout()

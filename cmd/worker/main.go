@@ -25,6 +25,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/bcrypt"
 
@@ -50,7 +51,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	return cli.Execute(ctx, newRootCommand(), args, stdin, stdout, stderr, func(stderr io.Writer, err error) {
 		var problems *config.Problems
 		if !errors.As(err, &problems) {
-			fmt.Fprintf(stderr, "worker: %v\n", err)
+			// Package worker's errors carry its name already.
+			fmt.Fprintf(stderr, "worker: %s\n", strings.TrimPrefix(err.Error(), "worker: "))
 			return
 		}
 		for _, p := range problems.Errs { // one line per problem, each naming its file and key
@@ -110,6 +112,7 @@ arguments (one line per problem, naming its key).`,
 // context ends.
 func serve(cmd *cobra.Command, f flags) error {
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: logLevel()}))
+	redis.SetLogger(redisLog{log})
 	w, err := worker.New(f.configPath, worker.WithLogger(log))
 	if err != nil {
 		return cli.BadInput(err)
@@ -162,6 +165,15 @@ func logLevel() slog.Level {
 		return slog.LevelInfo
 	}
 	return level
+}
+
+// redisLog takes go-redis's own log lines ("failed to dial after 5
+// attempts") down to debug level: the worker and asynq report each failure
+// that matters in their own words, and a refused login must be one line.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, args ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, args...), "from", "go-redis")
 }
 
 // cannotRun marks err as a failure to run, not the user's input.

@@ -31,11 +31,17 @@ func StartCluster(tb testing.TB) *FailoverCluster {
 	tb.Helper()
 	c := &FailoverCluster{}
 	var addrs []string
-	for range 6 {
-		_, bus, _ := net.SplitHostPort(freeAddr(tb))
-		c.Nodes = append(c.Nodes, StartServer(tb, "--appendonly", "no", "--cluster-enabled", "yes", "--repl-diskless-sync-delay", "0",
-			"--cluster-port", bus, "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)))
-		addrs = append(addrs, c.Nodes[len(c.Nodes)-1].Addr)
+	// A client port and a cluster bus port for each node, all different:
+	// ports taken one at a time from freeAddr may repeat.
+	ports := freePorts(tb, 12)
+	for i, port := range ports[:6] {
+		n := &Server{Addr: net.JoinHostPort("127.0.0.1", port), dir: tb.TempDir(), args: []string{
+			"--appendonly", "no", "--cluster-enabled", "yes", "--repl-diskless-sync-delay", "0",
+			"--cluster-port", ports[6+i], "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10)}}
+		n.Start(tb)
+		tb.Cleanup(n.Kill)
+		c.Nodes = append(c.Nodes, n)
+		addrs = append(addrs, n.Addr)
 	}
 	out, err := exec.Command(redisCLI(tb), append(append([]string{"--cluster", "create"}, addrs...),
 		"--cluster-replicas", "1", "--cluster-yes")...).CombinedOutput()

@@ -1,11 +1,14 @@
 // Package redistest connects tests to the real Redis servers that
 // `make test` (scripts/redis-env.sh) starts for the run: a standalone
-// redis-server and a 3-master Redis Cluster.
+// redis-server and a 3-master Redis Cluster; and starts servers of a
+// test's own (StartServer, StartTLSServer, StartCluster) from the
+// redis-server binary it names.
 package redistest
 
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"net"
 	"os"
@@ -116,6 +119,7 @@ type Server struct {
 	Addr string
 	dir  string
 	args []string
+	tls  *tls.Config // how Start's PING connects; nil: plain TCP
 	cmd  *exec.Cmd
 }
 
@@ -153,7 +157,7 @@ func (s *Server) Start(tb testing.TB) {
 	if err := s.cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, TLSConfig: s.tls})
 	defer rdb.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	for rdb.Ping(context.Background()).Err() != nil {

@@ -1,6 +1,7 @@
 // Package testkit holds what tests across sluice's packages share beyond
 // Redis (see redistest): a clock they move by hand, polling for a
-// condition, and noting and measuring a timeline.
+// condition, noting and measuring a timeline, and a certificate authority
+// for TLS.
 package testkit
 
 import (
