@@ -220,14 +220,16 @@ func keptTurn(claims []Claim, now, late int64) (int64, bool) {
 	return at, late < 0 || at >= now-late
 }
 
-// Peek is how many events fit now and how long the key is still blocked:
-// the Go twin of the "peek" operation.
-func Peek(s State, p Params, now, blocked int64) (room, blockedFor int64) {
+// Peek is how many events fit now, how long the key is still blocked and
+// how long until what it counted has passed: the Go twin of the "peek"
+// operation.
+func Peek(s State, p Params, now, blocked int64) (room, blockedFor, resetAfter int64) {
 	s.Trim(p, now)
+	resetAfter = s.ResetAfter(p, now)
 	if blocked > now {
-		return 0, blocked - now
+		return 0, blocked - now, resetAfter
 	}
-	return s.Room(p, now), 0
+	return s.Room(p, now), 0, resetAfter
 }
 
 // Algorithm ties an algorithm's name to its initial state.

@@ -58,6 +58,10 @@ type OpClaim struct {
 	ID        string // the turn's ID, or ""
 	KeptKey   string // where the turn kept under ID lives, in the same slot
 	Member    string // FairShare: the key value whose share it is; "" otherwise
+	// RecentKey, if not "", is where the claim's recent throttles are
+	// counted (a book that cannot have the events at the instant asked, by
+	// this claim's own limit), in the same slot.
+	RecentKey string
 }
 
 // Op is one run of the book script and, once run, its outcome.
@@ -77,13 +81,16 @@ type Op struct {
 }
 
 func (op *Op) keys() []string {
-	keys := make([]string, 0, 3*len(op.Claims))
+	keys := make([]string, 0, 4*len(op.Claims))
 	for _, c := range op.Claims {
-		kept := c.KeptKey
+		kept, recent := c.KeptKey, c.RecentKey
 		if c.ID == "" {
 			kept = c.Aux // a key of the slot, untouched
 		}
-		keys = append(keys, c.Key, c.Aux, kept)
+		if recent == "" {
+			recent = c.Aux // the same: nothing counted
+		}
+		keys = append(keys, c.Key, c.Aux, kept, recent)
 	}
 	return keys
 }

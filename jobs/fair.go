@@ -45,7 +45,7 @@ type fairGate struct {
 	queue   string
 	expr    *keyExpr
 	lim     throttle.Reserver
-	keys    []string // FairKeys: state, aux, lines, keys
+	keys    []string // FairKeys: state, aux, lines, keys, recent throttles
 	weights map[string]int
 	depth   int
 	limit   int

@@ -1,10 +1,12 @@
 -- book: one operation on several keys, each a limit of its own algorithm,
 -- atomically. The twin of algorithms.Book and algorithms.Peek.
 --
--- KEYS[3i-2], KEYS[3i-1] -> claim i's state and aux keys (see each
---            algorithm); KEYS[3i] -> the key of claim i's turn kept under its
---            ID (string "at;pieces"), in the same slot (the aux key again
---            when the claim has no ID)
+-- KEYS[4i-3], KEYS[4i-2] -> claim i's state and aux keys (see each
+--            algorithm); KEYS[4i-1] -> the key of claim i's turn kept under
+--            its ID (string "at;pieces"), in the same slot (the aux key
+--            again when the claim has no ID); KEYS[4i] -> where claim i's
+--            recent throttles are counted (common.lua's recent_note), in
+--            the same slot (the aux key again when they are not)
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
 -- ARGV[2] -> op: book, cancel, block or peek
 -- ARGV[3] -> book: not before (µs; "+d": d µs after now); block: for how
@@ -23,7 +25,8 @@
 --            reset_after, pieces}; times in µs, relative to now but now and
 --            at. book: at is the turn, or the earliest instant found at
 --            which all would fit. peek: retry_after is how long the key is
---            still blocked. block: at is until when.
+--            still blocked, reset_after how long until what it counted
+--            has passed. block: at is until when.
 
 local constructors = {
   fixed_window = new_counter, sliding_counter = new_counter,
@@ -41,11 +44,12 @@ for i = 1, tonumber(ARGV[8]) do
   local a = 9 + 9 * (i - 1)
   local p = {limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
     windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5]), member = ARGV[a + 8]}
-  local g = constructors[ARGV[a]](KEYS[3 * i - 2], KEYS[3 * i - 1], p)
+  local g = constructors[ARGV[a]](KEYS[4 * i - 3], KEYS[4 * i - 2], p)
   g.trim(now)
   -- A task let out of its line books: what was held for it goes.
   if g.released and op == 'book' then g.released(ARGV[a + 7]) end
-  local c = {g = g, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[3 * i]}
+  local c = {g = g, n = p.n, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[4 * i - 1]}
+  if KEYS[4 * i] ~= KEYS[4 * i - 2] then c.recent_key = KEYS[4 * i] end
   if c.id ~= '' then
     local kept = redis.call('GET', c.id_key)
     if kept then
@@ -75,7 +79,7 @@ if op == 'peek' then
   for _, c in ipairs(claims) do
     local room, blocked_for = 0, 0
     if c.g.blocked > now then blocked_for = c.g.blocked - now else room = c.g.room(now) end
-    append(reply, room, blocked_for, 0, '')
+    append(reply, room, blocked_for, c.g.reset_after(now), '')
     save(c) -- what trimming changed
   end
   return reply
@@ -177,6 +181,16 @@ while not settled and pass < MAX_PASSES and at - now <= max_wait do
   at, pass = next_, pass + 1
 end
 reply[3] = at
+
+-- A claim whose own limit could not give its events the instant asked
+-- for throttled them: counted (not a claim whose turn another claim moved,
+-- nor one asked to book exactly at an instant that other slots chose: they
+-- counted on their first ask).
+if not exact then
+  for _, c in ipairs(claims) do
+    if c.recent_key and c.own > start then recent_note(c.recent_key, now, c.n) end
+  end
+end
 
 if not settled or at - now > max_wait or (exact and at ~= start) then
   for _, c in ipairs(claims) do

@@ -50,3 +50,65 @@ local function clock()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+
+-- A key's recent throttles ("recent"): a ring "b c b c ..." of how many
+-- events were throttled in each RECENT_STEP of time (b: now // step), the
+-- last RECENT_STEPS steps kept, so that the last minute is in it whatever
+-- the phase. Readers (throttle.RecentThrottled) sum the steps that overlap
+-- the last minute.
+local RECENT_STEP = 10000000 -- µs
+local RECENT_STEPS = 7
+local RECENT_LIFE = RECENT_STEP * RECENT_STEPS / 1000 -- ms
+
+-- recent_add returns ring (nil: empty) with n more throttled at now, the
+-- steps too old to matter dropped.
+local function recent_add(ring, now, n)
+  local b = floordiv(now, RECENT_STEP)
+  local out, added = {}, false
+  if ring then
+    local v = nums(ring)
+    for i = 1, #v - 1, 2 do
+      if v[i] > b - RECENT_STEPS then
+        local c = v[i + 1]
+        if v[i] == b then c, added = c + n, true end
+        out[#out + 1] = string.format('%d %d', v[i], c)
+      end
+    end
+  end
+  if not added then out[#out + 1] = string.format('%d %d', b, n) end
+  return table.concat(out, ' ')
+end
+
+-- recent_note counts n events throttled at now in the ring kept at key (a
+-- string), which lives as long as the ring matters.
+local function recent_note(key, now, n)
+  redis.call('SET', key, recent_add(redis.call('GET', key), now, n), 'PX', RECENT_LIFE)
+end
+
+-- recent_note_in counts n events throttled at now for field, in the hash
+-- at key that keeps the rings of many key values (one slot's): at most
+-- RECENT_FIELDS of them. Once per RECENT_LIFE the rings of fields quiet
+-- that long are swept out; a new field that finds the hash full is not
+-- counted.
+local RECENT_FIELDS = 10000
+local RECENT_SWEPT = '%swept' -- no escaped key value is this (keys.go)
+local function recent_note_in(key, field, now, n)
+  local ring = redis.call('HGET', key, field)
+  if not ring then
+    local swept = tonumber(redis.call('HGET', key, RECENT_SWEPT) or 0)
+    if now - swept > RECENT_LIFE * 1000 then
+      local all = redis.call('HGETALL', key)
+      local oldest = floordiv(now, RECENT_STEP) - RECENT_STEPS
+      for i = 1, #all - 1, 2 do
+        if all[i] ~= RECENT_SWEPT then
+          local v = nums(all[i + 1])
+          if (v[#v - 1] or oldest) <= oldest then redis.call('HDEL', key, all[i]) end
+        end
+      end
+      redis.call('HSET', key, RECENT_SWEPT, int(now))
+    end
+    if redis.call('HLEN', key) > RECENT_FIELDS then return end
+  end
+  redis.call('HSET', key, field, recent_add(ring, now, n))
+  redis.call('PEXPIRE', key, RECENT_LIFE)
+end

@@ -3,6 +3,8 @@
 -- back by themselves.
 --
 -- KEYS[1] -> sorted set: holder -> µs its lease ends
+-- KEYS[2] -> optional: where refused acquires are counted (common.lua's
+--            recent_note), in the same slot
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
 -- ARGV[2] -> op: acquire, renew or release
 -- ARGV[3] -> holder
@@ -34,6 +36,7 @@ if not held and count < tonumber(ARGV[4]) then
   held, count = true, count + 1
 end
 if not held then
+  if op == 'acquire' and KEYS[2] then recent_note(KEYS[2], now, 1) end
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2]
   return {0, count, first and (tonumber(first) - now) or 0, lapsed}
 end

@@ -12,6 +12,8 @@
 -- KEYS[1] -> sorted set: task id -> µs when it should be pending
 -- KEYS[2] -> string: the waker, for as long as its lease lasts
 -- KEYS[3..6] -> a fair queue's state, aux, lines and keys (fair.lua)
+-- KEYS[7] -> a fair queue's recent throttles by key value (common.lua's
+--            recent_note_in): each park counts
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
 -- ARGV[2] -> op: note, take, resign, rush or park
 -- note:   ARGV[3] -> a task id, ARGV[4] -> in how many µs it is due
@@ -54,6 +56,7 @@ if op == 'park' then
   local seq = redis.call('HINCRBY', state, 's', 1)
   redis.call('ZADD', lines, 0, string.format('%s %015d %d %d %s%s', m, seq, n, #id, id, booking))
   local waiting = redis.call('HINCRBY', state, 'p:' .. m, 1)
+  if KEYS[7] then recent_note_in(KEYS[7], m, now, n) end
   fair_touch(state, m, weight)
   redis.call('ZADD', keys, 'NX', now, m)
   for _, key in ipairs({state, lines, keys}) do fair_keep(key, FAIR_LIFE) end

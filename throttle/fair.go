@@ -66,11 +66,11 @@ type fairKeys struct {
 }
 
 // FairKeys returns the Redis keys of the fair share state under tag with
-// prefix (state, aux, lines, keys: see lua/fair.lua), for the script that
-// keeps the lines.
+// prefix (state, aux, lines, keys: see lua/fair.lua; and the recent
+// throttles by key value, see Loads), for the script that keeps the lines.
 func FairKeys(prefix, tag string) []string {
 	state := redisKey(prefix, tag)
-	return []string{state, auxKey(state), state + ":l", state + ":k"}
+	return []string{state, auxKey(state), state + ":l", state + ":k", recentKey(state)}
 }
 
 // FairMember is a key value as the fair share state names it.

@@ -40,6 +40,12 @@ func keptKey(stateKey, id string) string {
 	return stateKey + ":t:" + hashTag(id)
 }
 
+// recentKey counts a state's recent throttles (WithRecentThrottles): no
+// redisKey ends in ":x", and it shares the state's cluster slot.
+func recentKey(stateKey string) string {
+	return stateKey + ":x"
+}
+
 func hashTag(key string) string {
 	if key == "" {
 		return "%"

@@ -186,8 +186,8 @@ func (localSite) run(_ context.Context, st *step) error {
 	case algorithms.OpPeek:
 		st.out = algorithms.Booking{Now: now, At: now}
 		for _, c := range claims {
-			room, blockedFor := algorithms.Peek(c.State, c.Params, now, c.Blocked)
-			st.out.Claims = append(st.out.Claims, algorithms.Counted{Remaining: room, RetryAfter: blockedFor})
+			room, blockedFor, resetAfter := algorithms.Peek(c.State, c.Params, now, c.Blocked)
+			st.out.Claims = append(st.out.Claims, algorithms.Counted{Remaining: room, RetryAfter: blockedFor, ResetAfter: resetAfter})
 		}
 	case algorithms.OpBlock:
 		until := now + st.notBefore

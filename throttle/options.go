@@ -14,6 +14,7 @@ type options struct {
 	inFlight     int
 	onRedisError string
 	shares       func() int
+	recent       bool
 }
 
 // WithClock makes the limiter read time from c instead of Redis's clock (New)
@@ -58,6 +59,21 @@ func WithPipelining(maxInFlight int) Option {
 			return fmt.Errorf("%w: WithPipelining(%d): the calls in flight must be >= 0 (0 turns pipelining off)", ErrInvalidSpec, maxInFlight)
 		}
 		o.inFlight = maxInFlight
+		return nil
+	}
+}
+
+// WithRecentThrottles makes a Redis limiter (New, NewSemaphore) count, for
+// each key, the events it throttled in the last minute: a book that its
+// own limit could not give the instant asked for (whether it booked a
+// later turn or refused), a semaphore's refused Acquire. The count lives
+// next to the key's state, in its cluster slot, in one small string that
+// expires a minute after the key's last throttle; it is written by the
+// script call that throttles, so it costs no round trip. Loads reads it.
+// NewLocal ignores it.
+func WithRecentThrottles() Option {
+	return func(o *options) error {
+		o.recent = true
 		return nil
 	}
 }

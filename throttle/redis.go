@@ -26,6 +26,7 @@ type redisLimiter struct {
 	onErr  string
 	twin   *localTwin // the local policy's in-process limit; nil for the others
 	fair   *fairKeys  // a fair share (NewFairShare); nil for the limits
+	recent bool       // WithRecentThrottles
 }
 
 var _ limiter = (*redisLimiter)(nil)
@@ -51,7 +52,7 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 	if err != nil {
 		return nil, err
 	}
-	l := &redisLimiter{base: base{spec: c}, calls: batcherFor(rdb, o.inFlight), clock: o.clock, prefix: o.prefix, onErr: o.onRedisError}
+	l := &redisLimiter{base: base{spec: c}, calls: batcherFor(rdb, o.inFlight), clock: o.clock, prefix: o.prefix, onErr: o.onRedisError, recent: o.recent}
 	l.base.self = l
 	if o.onRedisError == OnRedisErrorLocal {
 		l.twin = &localTwin{spec: spec, shares: o.shares, clock: o.clock}
@@ -102,6 +103,9 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		state := redisKey(l.prefix, p.key)
 		c := algorithms.OpClaim{Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: p.n,
 			ID: p.id, KeptKey: keptKey(state, p.id)}
+		if l.recent {
+			c.RecentKey = recentKey(state)
+		}
 		if l.fair != nil {
 			state = redisKey(l.prefix, l.fair.tag)
 			c.Key, c.Aux, c.KeptKey, c.Member = state, auxKey(state), keptKey(state, p.id), hashTag(p.key)

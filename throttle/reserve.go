@@ -49,6 +49,10 @@ type Reserver interface {
 type Level struct {
 	Remaining  int           // events that could be admitted now
 	BlockedFor time.Duration // how much longer a Block holds; 0: none
+	// ResetAfter is how long until everything the key counted has passed
+	// (its turns booked ahead included): a leaky bucket of 10/s, burst 1,
+	// with turns booked for the next 5 events, would say 600ms.
+	ResetAfter time.Duration
 }
 
 // Reservation is the answer to ReserveN, and one claim's part of a Booking.
@@ -238,7 +242,7 @@ func (b *base) Peek(ctx context.Context, key string) (Level, error) {
 		return Level{}, nil
 	}
 	c := s.out.Claims[0]
-	return Level{Remaining: int(c.Remaining), BlockedFor: micros(c.RetryAfter)}, nil
+	return Level{Remaining: int(c.Remaining), BlockedFor: micros(c.RetryAfter), ResetAfter: micros(c.ResetAfter)}, nil
 }
 
 // runOne runs s on key of lim, with lim's failure policy.

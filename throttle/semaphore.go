@@ -27,6 +27,7 @@ type Semaphore struct {
 	lease  time.Duration
 	prefix string
 	clock  Clock // nil: Redis TIME
+	recent bool  // WithRecentThrottles
 }
 
 // NewSemaphore returns a Semaphore of limit slots per key with leases of
@@ -43,7 +44,7 @@ func NewSemaphore(rdb redis.UniversalClient, limit int, lease time.Duration, opt
 	if err != nil {
 		return nil, err
 	}
-	return &Semaphore{rdb: rdb, limit: limit, lease: lease, prefix: o.prefix, clock: o.clock}, nil
+	return &Semaphore{rdb: rdb, limit: limit, lease: lease, prefix: o.prefix, clock: o.clock, recent: o.recent}, nil
 }
 
 // SemaphoreState is the answer of Acquire and Renew.
@@ -81,7 +82,11 @@ func (s *Semaphore) run(ctx context.Context, op, key, holder string) (SemaphoreS
 	if s.clock != nil {
 		now = fmt.Sprint(s.clock.Now().UnixMicro())
 	}
-	reply, err := semaphoreScript.Run(ctx, s.rdb, []string{redisKey(s.prefix, key)},
+	keys := []string{redisKey(s.prefix, key)}
+	if s.recent {
+		keys = append(keys, recentKey(keys[0]))
+	}
+	reply, err := semaphoreScript.Run(ctx, s.rdb, keys,
 		now, op, holder, s.limit, s.lease.Microseconds()).Int64Slice()
 	if err != nil {
 		return SemaphoreState{}, fmt.Errorf("throttle: semaphore %s: %w", op, err)

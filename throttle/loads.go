@@ -1,0 +1,320 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/algorithms"
+)
+
+// KeyLoad is one key of a limiter, fair share or semaphore as Redis holds
+// it now: what Loads reports.
+//
+// A token bucket of 4/s, burst 4, whose key has just admitted 4 events and
+// booked turns for 6 more (they waited), all within the minute: Waiting 6,
+// Throttled 6, CanAdmit false, Remaining 0.
+type KeyLoad struct {
+	// Key is the key value. One too long to be kept as it is (see Key) is
+	// known only by its hash, "#" and 32 hex digits.
+	Key string
+	// Waiting is how many events wait on the key: the turns booked on it
+	// that are still to come (token and leaky buckets) and, on a fair
+	// share, the tasks in the key's line too. -1: the algorithm does not
+	// tell (windows, semaphores).
+	Waiting int
+	// Throttled is how many events the key throttled in the last minute
+	// (counted in steps of 10s, so the minute may reach back 70s); 0 unless
+	// the limiter counts them (WithRecentThrottles; fair shares always do).
+	Throttled int
+	// CanAdmit tells whether one event (a semaphore: one holder) would be
+	// admitted now; Remaining is how many would.
+	CanAdmit  bool
+	Remaining int
+}
+
+// recentStep and recentSteps are the ring's steps (common.lua).
+const (
+	recentStep  = 10 * time.Second
+	recentSteps = 7
+)
+
+// recentThrottled sums the steps of ring (common.lua's recent_add) that
+// overlap the minute before now.
+func recentThrottled(ring string, now time.Time) int {
+	from := now.Add(-time.Minute).UnixMicro() / recentStep.Microseconds()
+	v := strings.Fields(ring)
+	sum := 0
+	for i := 0; i+1 < len(v); i += 2 {
+		b, err1 := strconv.ParseInt(v[i], 10, 64)
+		n, err2 := strconv.Atoi(v[i+1])
+		if err1 == nil && err2 == nil && b >= from {
+			sum += n
+		}
+	}
+	return sum
+}
+
+// unTag is the key value a hash tag was made from (hashTag), or the tag
+// itself when it is a hash.
+func unTag(tag string) string {
+	if tag == "%" {
+		return ""
+	}
+	if strings.HasPrefix(tag, "#") || !strings.Contains(tag, "%") {
+		return tag
+	}
+	var b strings.Builder
+	for i := 0; i < len(tag); i++ {
+		if tag[i] == '%' && i+2 < len(tag) {
+			if x, err := strconv.ParseUint(tag[i+1:i+3], 16, 8); err == nil {
+				b.WriteByte(byte(x))
+				i += 2
+				continue
+			}
+		}
+		b.WriteByte(tag[i])
+	}
+	return b.String()
+}
+
+// scanTags calls fn with the tag and the rest of every key that begins
+// with prefix + "{", on every master of a cluster. fn may be called from
+// several goroutines at once.
+func scanTags(ctx context.Context, rdb redis.UniversalClient, prefix string, fn func(tag, rest string)) error {
+	match := globEscape(prefix) + "{*"
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		it := c.Scan(ctx, 0, match, 1000).Iterator()
+		for it.Next(ctx) {
+			key := it.Val()[len(prefix)+1:]
+			if end := strings.IndexByte(key, '}'); end >= 0 {
+				fn(key[:end], key[end+1:])
+			}
+		}
+		return it.Err()
+	}
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	}
+	return scan(ctx, rdb)
+}
+
+// globEscape makes s match itself in a SCAN pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`*?[]\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// redisNow is the time on the clock of lim's scripts.
+func redisNow(ctx context.Context, rdb redis.UniversalClient, clock Clock) (time.Time, error) {
+	if clock != nil {
+		return clock.Now(), nil
+	}
+	return rdb.Time(ctx).Result()
+}
+
+// maxLoadsBatch bounds the reads sent in one pipeline.
+const maxLoadsBatch = 1000
+
+// Loads lists every key of lim (from New or NewFairShare) that holds
+// state in Redis or throttled an event in the last minute, in no order.
+// It scans the limiter's prefix on every server (Redis SCAN: a look over
+// every key, however many), so it is for operators, not for every task;
+// it counts nothing (a look may clean up what has expired).
+func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
+	l, ok := lim.(*redisLimiter)
+	if !ok {
+		return nil, fmt.Errorf("throttle: Loads: %T is not a Redis limiter (New or NewFairShare)", lim)
+	}
+	if l.fair != nil {
+		return l.fairLoads(ctx)
+	}
+	rdb := l.calls.rdb
+	var mu sync.Mutex
+	tags := map[string]bool{}
+	err := scanTags(ctx, rdb, l.prefix, func(tag, rest string) {
+		if rest == "" || rest == ":x" { // a state, or its recent throttles
+			mu.Lock()
+			tags[tag] = true
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("throttle: Loads: scan: %w", err)
+	}
+	now, err := redisNow(ctx, rdb, l.clock)
+	if err != nil {
+		return nil, fmt.Errorf("throttle: Loads: time: %w", err)
+	}
+	order := make([]string, 0, len(tags))
+	for tag := range tags {
+		order = append(order, tag)
+	}
+	loads := make([]KeyLoad, 0, len(order))
+	for start := 0; start < len(order); start += maxLoadsBatch {
+		batch := order[start:min(len(order), start+maxLoadsBatch)]
+		ops := make([]*algorithms.Op, len(batch))
+		for i, tag := range batch {
+			state := l.prefix + "{" + tag + "}"
+			ops[i] = &algorithms.Op{Now: algorithms.Now, Name: algorithms.OpPeek, Claims: []algorithms.OpClaim{{
+				Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: 1,
+			}}}
+			if l.clock != nil {
+				ops[i].Now, ops[i].Slack = now.UnixMicro(), injectedClockSlack.Microseconds()
+			}
+		}
+		algorithms.BookScript.Run(ctx, rdb, ops...)
+		rings := make([]*redis.StringCmd, len(batch))
+		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, tag := range batch {
+				rings[i] = p.Get(ctx, recentKey(l.prefix+"{"+tag+"}"))
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("throttle: Loads: %w", err)
+		}
+		for i, tag := range batch {
+			if ops[i].Err != nil {
+				return nil, fmt.Errorf("throttle: Loads: peek: %w", ops[i].Err)
+			}
+			c := ops[i].Result.Claims[0]
+			load := KeyLoad{Key: unTag(tag), Waiting: -1, Throttled: recentThrottled(rings[i].Val(), now),
+				Remaining: int(c.Remaining), CanAdmit: c.Remaining > 0}
+			switch Algorithm(l.spec.algorithm.Name) {
+			case TokenBucket, LeakyBucket:
+				// Each event takes Period/Limit of the bucket's time, and a turn
+				// comes once its time is within Burst events of now.
+				p := l.spec.params
+				load.Waiting = int(max(0, ceilDiv(c.ResetAfter*p.Limit, p.Period)-p.Burst))
+			}
+			loads = append(loads, load)
+		}
+	}
+	return loads, nil
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// fairLoads reads a fair share's one state: every active key value, and
+// those that waited in their line in the last minute.
+func (l *redisLimiter) fairLoads(ctx context.Context) ([]KeyLoad, error) {
+	rdb := l.calls.rdb
+	keys := FairKeys(l.prefix, l.fair.tag)
+	// Trim first, as every script does: turns that have passed no longer count.
+	op := &algorithms.Op{Now: algorithms.Now, Name: algorithms.OpPeek, Claims: []algorithms.OpClaim{{
+		Algorithm: l.spec.algorithm, Params: l.spec.params, Key: keys[0], Aux: keys[1], N: 1, Member: "%",
+	}}}
+	now, err := redisNow(ctx, rdb, l.clock)
+	if err != nil {
+		return nil, fmt.Errorf("throttle: Loads: time: %w", err)
+	}
+	if l.clock != nil {
+		op.Now, op.Slack = now.UnixMicro(), injectedClockSlack.Microseconds()
+	}
+	algorithms.BookScript.Run(ctx, rdb, op)
+	if op.Err != nil {
+		return nil, fmt.Errorf("throttle: Loads: %w", op.Err)
+	}
+	state, err := rdb.HGetAll(ctx, keys[0]).Result()
+	if err != nil {
+		return nil, fmt.Errorf("throttle: Loads: %w", err)
+	}
+	rings, err := rdb.HGetAll(ctx, keys[4]).Result()
+	if err != nil {
+		return nil, fmt.Errorf("throttle: Loads: %w", err)
+	}
+	num := func(field string) int64 {
+		n, _ := strconv.ParseInt(state[field], 10, 64)
+		return n
+	}
+	members := map[string]bool{}
+	for field := range state {
+		if m, ok := strings.CutPrefix(field, "w:"); ok {
+			members[m] = true
+		}
+	}
+	for m := range rings {
+		if m != "%swept" {
+			members[m] = true
+		}
+	}
+	depth, total := l.spec.params.Burst, num("W")
+	loads := make([]KeyLoad, 0, len(members))
+	for m := range members {
+		key := unTag(m)
+		held, weight := num("c:"+m), num("w:"+m)
+		W := total
+		if weight == 0 { // not active: it would be, with its weight
+			weight = int64(max(1, l.fair.weight(key)))
+			W += weight
+		}
+		// lua/fair.lua's fair_fits and room.
+		load := KeyLoad{Key: key, Waiting: int(num("p:"+m) + max(0, held)), Throttled: recentThrottled(rings[m], now),
+			CanAdmit: held <= 0 || (held+1)*W <= depth*weight, Remaining: int(max(0, depth*weight/W-held))}
+		loads = append(loads, load)
+	}
+	return loads, nil
+}
+
+// Loads lists every key of s that has holders or refused one in the last
+// minute (WithRecentThrottles), in no order: Remaining is its free slots,
+// Waiting is -1 (unknown). It scans s's prefix, as Loads does.
+func (s *Semaphore) Loads(ctx context.Context) ([]KeyLoad, error) {
+	var mu sync.Mutex
+	var tags []string
+	err := scanTags(ctx, s.rdb, s.prefix, func(tag, rest string) {
+		if rest == "" || rest == ":x" {
+			mu.Lock()
+			tags = append(tags, tag)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("throttle: semaphore Loads: scan: %w", err)
+	}
+	now, err := redisNow(ctx, s.rdb, s.clock)
+	if err != nil {
+		return nil, fmt.Errorf("throttle: semaphore Loads: time: %w", err)
+	}
+	seen := map[string]bool{}
+	var loads []KeyLoad
+	for start := 0; start < len(tags); start += maxLoadsBatch {
+		batch := tags[start:min(len(tags), start+maxLoadsBatch)]
+		holders := make([]*redis.IntCmd, len(batch))
+		rings := make([]*redis.StringCmd, len(batch))
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, tag := range batch {
+				key := s.prefix + "{" + tag + "}"
+				holders[i] = p.ZCount(ctx, key, "("+strconv.FormatInt(now.UnixMicro(), 10), "+inf")
+				rings[i] = p.Get(ctx, recentKey(key))
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("throttle: semaphore Loads: %w", err)
+		}
+		for i, tag := range batch {
+			if seen[tag] {
+				continue
+			}
+			seen[tag] = true
+			free := max(0, s.limit-int(holders[i].Val()))
+			loads = append(loads, KeyLoad{Key: unTag(tag), Waiting: -1, Throttled: recentThrottled(rings[i].Val(), now),
+				CanAdmit: free > 0, Remaining: free})
+		}
+	}
+	return loads, nil
+}

@@ -1,0 +1,157 @@
+package throttle_test
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// loadsByKey indexes Loads' answer by key value:
+// loadsByKey(t)(throttle.Loads(ctx, lim)).
+func loadsByKey(t *testing.T) func([]throttle.KeyLoad, error) map[string]throttle.KeyLoad {
+	return func(loads []throttle.KeyLoad, err error) map[string]throttle.KeyLoad {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		byKey := map[string]throttle.KeyLoad{}
+		for _, l := range loads {
+			if _, dup := byKey[l.Key]; dup {
+				t.Fatalf("key %q listed twice", l.Key)
+			}
+			byKey[l.Key] = l
+		}
+		return byKey
+	}
+}
+
+func TestLoads(t *testing.T) {
+	ctx := context.Background()
+	long := strings.Repeat("x", 200) // kept under its hash
+	for _, e := range engines(t)[1:] {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			spec := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 4, Period: time.Second, Burst: 4}
+			lim, err := throttle.New(e.rdb, spec, throttle.WithClock(clock), throttle.WithPrefix(redistest.Prefix(t)), throttle.WithRecentThrottles())
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, _ := throttle.AsReserver(lim)
+			// "busy{1}": 4 at once, 6 booked ahead (throttled), 1 refused
+			// (throttled); "quiet %": 1; long: 1.
+			for i := range 10 {
+				res, err := r.ReserveN(ctx, "busy{1}", 1, 10*time.Second)
+				if err != nil || !res.OK || (res.Delay > 0) != (i >= 4) {
+					t.Fatalf("reservation %d: %+v, %v", i, res, err)
+				}
+			}
+			if d, err := lim.AllowN(ctx, "busy{1}", 1); err != nil || d.Allowed {
+				t.Fatalf("AllowN on a full key: %+v, %v", d, err)
+			}
+			for _, key := range []string{"quiet %", long} {
+				if d, err := lim.AllowN(ctx, key, 1); err != nil || !d.Allowed {
+					t.Fatalf("AllowN(%q): %+v, %v", key, d, err)
+				}
+			}
+			got := loadsByKey(t)(throttle.Loads(ctx, lim))
+			want := map[string]throttle.KeyLoad{
+				"busy{1}": {Key: "busy{1}", Waiting: 6, Throttled: 7},
+				"quiet %": {Key: "quiet %", CanAdmit: true, Remaining: 3},
+			}
+			if len(got) != 3 {
+				t.Fatalf("Loads listed %v, want busy{1}, quiet %% and the long key", slices.Sorted(maps.Keys(got)))
+			}
+			for key, w := range want {
+				if got[key] != w {
+					t.Errorf("Loads[%q] = %+v, want %+v", key, got[key], w)
+				}
+			}
+			for key, l := range got {
+				if _, ok := want[key]; !ok && (!strings.HasPrefix(key, "#") || len(key) != 33 || l.Remaining != 3) {
+					t.Errorf("Loads listed %+v, want the long key by its hash, with 3 left", l)
+				}
+			}
+			// 1s on: 4 of the 6 turns ahead have come (a turn a second
+			// apart each 250ms).
+			clock.Add(time.Second)
+			if got := loadsByKey(t)(throttle.Loads(ctx, lim))["busy{1}"]; got.Waiting != 2 || got.Throttled != 7 || got.CanAdmit {
+				t.Errorf("1s on, Loads[busy{1}] = %+v, want 2 waiting, 7 throttled", got)
+			}
+			// A minute and more on: nothing throttled lately, all turns passed.
+			clock.Add(80 * time.Second)
+			if got := loadsByKey(t)(throttle.Loads(ctx, lim))["busy{1}"]; got != (throttle.KeyLoad{Key: "busy{1}", CanAdmit: true, Remaining: 4}) && got.Key != "" {
+				t.Errorf("81s on, Loads[busy{1}] = %+v, want idle", got)
+			}
+		})
+	}
+}
+
+// TestLoadsCounting: without WithRecentThrottles nothing is counted; a
+// look writes nothing.
+func TestLoadsCounting(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.FixedWindow, Limit: 1, Period: time.Second}, throttle.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := lim.AllowN(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, _ := rdb.Keys(ctx, prefix+"*").Result()
+	got := loadsByKey(t)(throttle.Loads(ctx, lim))
+	if got["k"] != (throttle.KeyLoad{Key: "k", Waiting: -1}) || len(got) != 1 {
+		t.Fatalf("Loads = %+v, want k alone, nothing counted, waiting unknown, full", got)
+	}
+	after, _ := rdb.Keys(ctx, prefix+"*").Result()
+	if slices.Compare(slices.Sorted(slices.Values(before)), slices.Sorted(slices.Values(after))) != 0 {
+		t.Fatalf("keys before Loads %v, after %v", before, after)
+	}
+}
+
+func TestSemaphoreLoads(t *testing.T) {
+	ctx := context.Background()
+	for _, e := range engines(t)[1:] {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			sem, err := throttle.NewSemaphore(e.rdb, 2, 10*time.Second, throttle.WithClock(clock), throttle.WithPrefix(redistest.Prefix(t)), throttle.WithRecentThrottles())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range []string{"a", "b", "c", "d"} {
+				if _, err := sem.Acquire(ctx, "full", h); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := sem.Acquire(ctx, "half", "a"); err != nil {
+				t.Fatal(err)
+			}
+			got := loadsByKey(t)(sem.Loads(ctx))
+			want := map[string]throttle.KeyLoad{
+				"full": {Key: "full", Waiting: -1, Throttled: 2},
+				"half": {Key: "half", Waiting: -1, CanAdmit: true, Remaining: 1},
+			}
+			if !maps.Equal(got, want) {
+				t.Fatalf("Loads = %+v, want %+v", got, want)
+			}
+			// The leases end: nobody holds a slot, and the refusals are over a minute old.
+			clock.Add(75 * time.Second)
+			got = loadsByKey(t)(sem.Loads(ctx))
+			for key, l := range got {
+				if l.Throttled != 0 || l.Remaining != 2 {
+					t.Errorf("75s on, Loads[%q] = %+v, want idle", key, l)
+				}
+			}
+		})
+	}
+}
