@@ -87,6 +87,11 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 			throttle.WithPrefix(prefix),
 			throttle.WithOnRedisError(l.OnRedisError, o.workers),
 		}
+		if keyed != "" {
+			// For enqueue status --keys (KeyLoads): counted in each key's
+			// slot by the script that throttles.
+			opts = append(opts, throttle.WithRecentThrottles())
+		}
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
 		}
@@ -117,8 +122,11 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		g.tag += fmt.Sprintf("#%08x", h.Sum32())
 		return g, nil
 	}
-	newSem := func(limit int, prefix string) (*throttle.Semaphore, error) {
+	newSem := func(limit int, prefix string, keyed bool) (*throttle.Semaphore, error) {
 		opts := []throttle.Option{throttle.WithPrefix(prefix)}
+		if keyed {
+			opts = append(opts, throttle.WithRecentThrottles())
+		}
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
 		}
@@ -140,7 +148,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 			}
 		}
 		if q.Concurrency > 0 {
-			sem, err := newSem(q.Concurrency, "sluice:concurrency:")
+			sem, err := newSem(q.Concurrency, "sluice:concurrency:", false)
 			if err != nil {
 				return nil, err
 			}
@@ -160,7 +168,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 			if t.ConcurrencyKey != "" {
 				prefix += "k:" + url.PathEscape(name) + ":"
 			}
-			sem, err := newSem(t.Concurrency, prefix)
+			sem, err := newSem(t.Concurrency, prefix, t.ConcurrencyKey != "")
 			if err != nil {
 				return nil, err
 			}

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,26 +23,49 @@ import (
 
 func newStatusCommand(a *app) *cobra.Command {
 	var watch, asJSON bool
+	var keys string
+	var top int
 	cmd := &cobra.Command{
-		Use:   "status [--watch] [--json]",
+		Use:   "status [--watch] [--json] [--keys <gate> [--top N]]",
 		Short: "Show the queues, their gates and the live workers",
 		Long: `Show every queue (those in the config and any other asynq knows) with its
 task counts, its drain and the rate its tasks completed at over the last
 minute; every quota with how many events it could admit now; and the live
 workers. --watch refreshes every second until Ctrl-C; --json prints one JSON
-document (with --watch, one per line).`,
+document (with --watch, one per line).
+
+--keys <gate> shows instead the busiest key values of a keyed gate, named as
+in the metrics' gate label: drain:<queue> or quota:<name> (a limit with
+key:; a quota's bare name will do), fair:<queue> (a queue's fairness),
+concurrency:type:<type> (concurrency_key). For each key: WAITING, the events
+booked on it for turns still to come (a fair queue: and the tasks in the
+key's line; "-" where the algorithm does not tell), THROTTLED, the events it
+throttled in the last minute (counted in 10s steps), and whether it can admit
+one now. The most throttled first, then the most waiting; --top of them
+(default 20, at most ` + fmt.Sprint(jobs.MaxKeyLoads) + `). It scans the gate's keys in Redis (SCAN).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return badInput(fmt.Errorf("status takes no arguments, got %q", args))
 			}
+			if cmd.Flags().Changed("top") && keys == "" {
+				return badInput(fmt.Errorf("--top is for --keys <gate>"))
+			}
+			if top < 1 || top > jobs.MaxKeyLoads {
+				return badInput(fmt.Errorf("--top must be from 1 to %d, got %d", jobs.MaxKeyLoads, top))
+			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if keys != "" {
+				return a.keyStatus(cmd, keys, top, watch, asJSON)
+			}
 			return a.status(cmd, watch, asJSON)
 		},
 	}
 	cmd.Flags().BoolVar(&watch, "watch", false, "refresh every second until Ctrl-C")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().StringVar(&keys, "keys", "", "show the busiest keys of this keyed gate (drain:<queue>, quota:<name>, fair:<queue>, concurrency:type:<type>)")
+	cmd.Flags().IntVar(&top, "top", 20, "with --keys: how many keys to show")
 	return cmd
 }
 
@@ -92,6 +117,52 @@ type workerStatus struct {
 
 // status prints one snapshot, or one a second with watch until ctx is done.
 func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
+	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
+		inspector := asynq.NewInspectorFromRedisClient(rdb)
+		defer inspector.Close()
+		return takeSnapshot(ctx, rdb, inspector, cfg)
+	}, func(w io.Writer, v any) error { return printSnapshot(w, v.(snapshot)) })
+}
+
+// keysSnapshot is what status --keys shows.
+type keysSnapshot struct {
+	Time time.Time   `json:"time"`
+	Gate string      `json:"gate"`
+	Keys []keyStatus `json:"keys"`
+}
+
+type keyStatus struct {
+	Key string `json:"key"`
+	// Waiting is null where the gate's algorithm does not tell.
+	Waiting   *int `json:"waiting"`
+	Throttled int  `json:"throttled_last_minute"`
+	CanAdmit  bool `json:"can_admit_now"`
+	Remaining int  `json:"remaining"`
+}
+
+// keyStatus prints the busiest keys of gate, or does so every second with
+// watch until ctx is done.
+func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, watch, asJSON bool) error {
+	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
+		s := keysSnapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Gate: gate, Keys: []keyStatus{}}
+		loads, err := jobs.KeyLoads(ctx, rdb, cfg, gate, top)
+		if err != nil {
+			return s, err
+		}
+		for _, l := range loads {
+			k := keyStatus{Key: l.Key, Throttled: l.Throttled, CanAdmit: l.CanAdmit, Remaining: l.Remaining}
+			if l.Waiting >= 0 {
+				k.Waiting = &l.Waiting
+			}
+			s.Keys = append(s.Keys, k)
+		}
+		return s, nil
+	}, func(w io.Writer, v any) error { return printKeys(w, v.(keysSnapshot)) })
+}
+
+// watch shows what take reads: once, or once a second with watch until
+// ctx is done (Ctrl-C).
+func (a *app) watch(cmd *cobra.Command, watch, asJSON bool, take func(context.Context, redis.UniversalClient, jobs.Config) (any, error), print func(io.Writer, any) error) error {
 	file, err := a.loadConfig()
 	if err != nil {
 		return err
@@ -101,17 +172,18 @@ func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
 	if err := checkLogin(cmd.Context(), file.Redis, rdb); err != nil {
 		return err
 	}
-	inspector := asynq.NewInspectorFromRedisClient(rdb)
-	defer inspector.Close()
 	ctx, out := cmd.Context(), cmd.OutOrStdout()
-	show := func(s snapshot) error {
+	show := func(s any) error {
 		if asJSON {
 			return json.NewEncoder(out).Encode(s) // one line
 		}
-		return printSnapshot(out, s)
+		return print(out, s)
 	}
 	if !watch {
-		s, err := takeSnapshot(ctx, rdb, inspector, file.Jobs)
+		s, err := take(ctx, rdb, file.Jobs)
+		if errors.As(err, new(*jobs.GateError)) {
+			return badInput(err)
+		}
 		if err != nil {
 			return redisFailed(fmt.Errorf("status from %s: %w", redisAt(file.Redis), err))
 		}
@@ -121,9 +193,12 @@ func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for first := true; ; first = false {
-		s, err := takeSnapshot(ctx, rdb, inspector, file.Jobs)
+		s, err := take(ctx, rdb, file.Jobs)
 		if ctx.Err() != nil {
 			return nil // Ctrl-C
+		}
+		if errors.As(err, new(*jobs.GateError)) {
+			return badInput(err)
 		}
 		switch {
 		case clear:
@@ -143,6 +218,31 @@ func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
 		case <-tick.C:
 		}
 	}
+}
+
+func printKeys(w io.Writer, s keysSnapshot) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
+	if len(s.Keys) == 0 {
+		fmt.Fprintln(tw, "none: no key holds state or throttled a task in the last minute")
+		return tw.Flush()
+	}
+	fmt.Fprintln(tw, "KEY\tWAITING\tTHROTTLED (1m)\tCAN ADMIT NOW")
+	for _, k := range s.Keys {
+		waiting, admit := "-", "no"
+		if k.Waiting != nil {
+			waiting = fmt.Sprint(*k.Waiting)
+		}
+		if k.CanAdmit {
+			admit = fmt.Sprintf("yes (%d)", k.Remaining)
+		}
+		key := k.Key
+		if q := strconv.Quote(key); key == "" || q[1:len(q)-1] != key || strings.ContainsAny(key, " \t") {
+			key = q
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", key, waiting, k.Throttled, admit)
+	}
+	return tw.Flush()
 }
 
 // takeSnapshot reads the queues, gates and workers.

@@ -1,0 +1,122 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// MaxKeyLoads bounds how many keys KeyLoads returns.
+const MaxKeyLoads = 1000
+
+// GateError is KeyLoads' answer when it is asked for what it cannot list:
+// a gate that is not a keyed gate of the config, or a bad count.
+type GateError struct{ Problem string }
+
+func (e *GateError) Error() string { return "jobs: " + e.Problem }
+
+// KeyLoads returns the busiest keys of cfg's keyed gate named gate, at
+// most top of them (1 to MaxKeyLoads): the most throttled in the last
+// minute first, then the most waiting, then those that cannot admit now,
+// then by key value. Gates are named as their metrics' gate label:
+// "drain:<queue>" and "quota:<name>" (keyed by `key:`, their overrides
+// included), "fair:<queue>" (a queue's fairness), "concurrency:type:<type>"
+// (concurrency_key); a quota's bare name will do when no other gate has it.
+// It reads Redis (a SCAN of the gate's keys), counts nothing, and is for
+// operators: see throttle.Loads.
+func KeyLoads(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate string, top int) ([]throttle.KeyLoad, error) {
+	if top < 1 || top > MaxKeyLoads {
+		return nil, &GateError{fmt.Sprintf("the keys listed must be 1 to %d, got %d", MaxKeyLoads, top)}
+	}
+	cfg = cfg.Defaults()
+	gs, err := newGateSet(rdb, cfg, gateOptions{lease: slotLease})
+	if err != nil {
+		return nil, err
+	}
+	keyed := gs.keyedGates()
+	name := gate
+	if !strings.Contains(gate, ":") {
+		name = "quota:" + gate
+		_, isQuota := cfg.Quotas[gate]
+		if _, isQueue := cfg.Queues[gate]; isQueue {
+			if isQuota {
+				return nil, &GateError{fmt.Sprintf("%q is a queue and a quota: name the gate, drain:%s, fair:%s or quota:%s", gate, gate, gate, gate)}
+			}
+			return nil, &GateError{fmt.Sprintf("%q is a queue: name its gate, drain:%s or fair:%s", gate, gate, gate)}
+		}
+	}
+	read, ok := keyed[name]
+	if !ok {
+		return nil, &GateError{fmt.Sprintf("%q is not a keyed gate of the config; its keyed gates are %s", gate, describeGates(slices.Sorted(maps.Keys(keyed))))}
+	}
+	loads, err := read(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: keys of %s: %w", name, err)
+	}
+	slices.SortFunc(loads, func(a, b throttle.KeyLoad) int {
+		return cmp.Or(cmp.Compare(b.Throttled, a.Throttled), cmp.Compare(b.Waiting, a.Waiting),
+			compareBool(a.CanAdmit, b.CanAdmit), strings.Compare(a.Key, b.Key))
+	})
+	return loads[:min(top, len(loads))], nil
+}
+
+// compareBool orders false before true.
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+func describeGates(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// keyedGates gives, by gate name, how to read each keyed gate's keys.
+func (gs *gateSet) keyedGates() map[string]func(context.Context) ([]throttle.KeyLoad, error) {
+	gates := map[string]func(context.Context) ([]throttle.KeyLoad, error){}
+	for _, set := range []map[string]*gate{gs.drains, gs.quotas} {
+		for _, g := range set {
+			if g.expr == nil {
+				continue
+			}
+			gates[g.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) {
+				loads, err := throttle.Loads(ctx, g.lim)
+				if err != nil {
+					return nil, err
+				}
+				// Each override keeps its one key value under a prefix of its own.
+				for _, v := range slices.Sorted(maps.Keys(g.overrides)) {
+					more, err := throttle.Loads(ctx, g.overrides[v].lim)
+					if err != nil {
+						return nil, err
+					}
+					loads = append(loads, more...)
+				}
+				return loads, nil
+			}
+		}
+	}
+	for _, f := range gs.fair {
+		gates[f.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, f.lim) }
+	}
+	for typ, sem := range gs.typeSem {
+		if gs.typeKey[typ] != nil {
+			gates["concurrency:type:"+typ] = sem.Loads
+		}
+	}
+	return gates
+}

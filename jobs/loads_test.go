@@ -1,0 +1,90 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// TestKeyLoads: a quota keyed by destination, 30 a minute burst 4, with an
+// override of 60 a minute burst 10 for "big", on Redis's own clock (turns
+// 2s apart, so a look within a second sees them all still to come): the
+// busiest keys first, each with its turns waiting, its throttles and
+// whether it can admit now; the gate found by its label or its bare name.
+func TestKeyLoads(t *testing.T) {
+	ctx := context.Background()
+	for _, rdb := range []struct {
+		name   string
+		client func(testing.TB) redis.UniversalClient
+	}{
+		{"redis", func(tb testing.TB) redis.UniversalClient { return redistest.Client(tb) }},
+		{"cluster", func(tb testing.TB) redis.UniversalClient { return redistest.Cluster(tb) }},
+	} {
+		t.Run(rdb.name, func(t *testing.T) {
+			client := rdb.client(t)
+			queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+			cfg := Config{
+				Queues: map[string]QueueConfig{queue: {}},
+				Quotas: map[string]LimitConfig{quota: {Algorithm: "token_bucket", Limit: 30, Period: time.Minute, Burst: 4,
+					Key: `payload.dest`, Overrides: map[string]LimitOverride{"big": {Limit: 60, Burst: 10}}}},
+				Tasks: map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+			}
+			s, err := NewScheduler(client, asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
+				NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			for dest, n := range map[string]int{"a": 10, "b": 5, "big": 12, "c": 1} {
+				for i := range n {
+					task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": %q}`, dest))
+					if _, err := s.book(ctx, s.gates.Load(), queue, fmt.Sprint(dest, i), task, false); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			want := []throttle.KeyLoad{
+				{Key: "a", Waiting: 6, Throttled: 6},
+				{Key: "big", Waiting: 2, Throttled: 2},
+				{Key: "b", Waiting: 1, Throttled: 1},
+				{Key: "c", CanAdmit: true, Remaining: 3},
+			}
+			got, err := KeyLoads(ctx, client, cfg, "quota:"+quota, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("KeyLoads = %+v\nwant %+v", got, want)
+			}
+			// By the quota's bare name, the top 2.
+			if got, err := KeyLoads(ctx, client, cfg, quota, 2); err != nil || fmt.Sprint(got) != fmt.Sprint(want[:2]) {
+				t.Fatalf("KeyLoads(bare name, top 2) = %+v, %v; want %+v", got, err, want[:2])
+			}
+			for _, tc := range []struct{ gate, err string }{
+				{"drain:" + queue, "is not a keyed gate of the config; its keyed gates are quota:" + quota},
+				{queue, "is a queue: name its gate"},
+				{"quota:nope", "is not a keyed gate"},
+			} {
+				if _, err := KeyLoads(ctx, client, cfg, tc.gate, 20); err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Errorf("KeyLoads(%q): %v, want an error with %q", tc.gate, err, tc.err)
+				}
+			}
+			for _, top := range []int{0, MaxKeyLoads + 1} {
+				if _, err := KeyLoads(ctx, client, cfg, quota, top); err == nil {
+					t.Errorf("KeyLoads(top %d) did not fail", top)
+				}
+			}
+		})
+	}
+}
