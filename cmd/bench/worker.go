@@ -65,7 +65,61 @@ func runWorker(ctx context.Context, b *bench) error {
 `, workerTasks, b.rounds, grouped(plain),
 		grouped(rates["drain gate"]), rates["drain gate"]/plain,
 		grouped(rates["drain gate + quota"]), rates["drain gate + quota"]/plain)
+	if err := keyedQuota(ctx, b, opt, queue); err != nil {
+		return err
+	}
 	return commandsPerTask(ctx, b, opt, cfg, queue)
+}
+
+// keyedValues is how many key values the keyed quota's tasks spread over.
+const keyedValues = 1000
+
+// keyedQuota measures a quota keyed by a field of the payload (1,000
+// values) beside the same quota unkeyed, on the same tasks, both far above
+// the load.
+func keyedQuota(ctx context.Context, b *bench, opt asynq.RedisClientOpt, queue string) error {
+	const typ = "bench:keyed"
+	spec := jobs.LimitConfig{Limit: 1_000_000, Period: time.Second, Burst: 1_000_000}
+	keyed := spec
+	keyed.Key = "payload.k"
+	config := func(quota jobs.LimitConfig) *jobs.Config {
+		return &jobs.Config{
+			Worker: jobs.WorkerConfig{Concurrency: 20},
+			Queues: map[string]jobs.QueueConfig{queue: {}},
+			Quotas: map[string]jobs.LimitConfig{b.runID + "-api": quota},
+			Tasks:  map[string]jobs.TaskConfig{typ: {Quotas: []string{b.runID + "-api"}}},
+		}
+	}
+	newTask := func(i int) *asynq.Task {
+		return asynq.NewTask(typ, fmt.Appendf(nil, `{"k": "v%d"}`, i%keyedValues))
+	}
+	measure := func(cfg *jobs.Config) func(ctx context.Context) (float64, error) {
+		return func(ctx context.Context) (float64, error) {
+			r, err := runTasks(ctx, b, opt, cfg, queue, workerTasks, newTask)
+			return r.rate, err
+		}
+	}
+	rates, err := inRounds(ctx, b, []measurement{
+		{"plain asynq", measure(nil)},
+		{"quota", measure(config(spec))},
+		{"keyed quota", measure(config(keyed))},
+	})
+	if err != nil {
+		return err
+	}
+	plain, unkeyed := rates["plain asynq"], rates["quota"]
+	fmt.Fprintf(b.out, `
+A quota keyed by the task (key: payload.k, %s values spread evenly over the tasks, each value's limit far above its load) beside the same quota unkeyed, on the same %d tasks, no drain. The unkeyed quota lends its turns from leases (throttle.Pool); a keyed one books each task's turn on its key value with one script call (a pool per key value would be unbounded). Median of %d rounds, rows interleaved.
+
+| worker | tasks/s | ratio to plain asynq | ratio to the unkeyed quota |
+|---|--:|--:|--:|
+| plain asynq | %s | 1.00 | |
+| asynq + sluice: quota | %s | %.2f | 1.00 |
+| asynq + sluice: quota keyed over %s values | %s | %.2f | %.2f |
+`, grouped(keyedValues), workerTasks, b.rounds, grouped(plain),
+		grouped(unkeyed), unkeyed/plain,
+		grouped(keyedValues), grouped(rates["keyed quota"]), rates["keyed quota"]/plain, rates["keyed quota"]/unkeyed)
+	return nil
 }
 
 // commandsPerTask measures the Redis commands a task costs (INFO
@@ -128,13 +182,22 @@ type noopRun struct {
 // runNoops enqueues n noop tasks, then runs a server until all are done,
 // gated by a Scheduler on cfg unless it is nil.
 func runNoops(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs.Config, queue string, n int) (noopRun, error) {
-	if err := enqueueNoops(opt, queue, n); err != nil {
+	return runTasks(ctx, b, opt, cfg, queue, n, func(int) *asynq.Task {
+		task, _ := jobs.NewNoopTask()
+		return task
+	})
+}
+
+// runTasks is runNoops with the tasks newTask makes (the i-th of n, all of
+// one type), which the server does nothing with.
+func runTasks(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs.Config, queue string, n int, newTask func(i int) *asynq.Task) (noopRun, error) {
+	if err := enqueueEach(opt, queue, n, newTask); err != nil {
 		return noopRun{}, err
 	}
 	var done atomic.Int64
 	finished := make(chan struct{})
 	mux := asynq.NewServeMux()
-	mux.HandleFunc(jobs.TypeNoop, func(context.Context, *asynq.Task) error {
+	mux.HandleFunc(newTask(0).Type(), func(context.Context, *asynq.Task) error {
 		if done.Add(1) == int64(n) {
 			close(finished)
 		}
@@ -238,7 +301,7 @@ func commandsRun(ctx context.Context, rdb *redis.Client) (int64, error) {
 	return total, nil
 }
 
-func enqueueNoops(opt asynq.RedisClientOpt, queue string, n int) error {
+func enqueueEach(opt asynq.RedisClientOpt, queue string, n int, newTask func(i int) *asynq.Task) error {
 	client := asynq.NewClient(opt)
 	defer client.Close()
 	var wg sync.WaitGroup
@@ -246,8 +309,7 @@ func enqueueNoops(opt asynq.RedisClientOpt, queue string, n int) error {
 	for w := 0; w < 16; w++ {
 		wg.Go(func() {
 			for i := w; i < n; i += 16 {
-				task, _ := jobs.NewNoopTask()
-				if _, err := client.Enqueue(task, asynq.Queue(queue)); err != nil {
+				if _, err := client.Enqueue(newTask(i), asynq.Queue(queue)); err != nil {
 					errs <- err
 					return
 				}
