@@ -41,20 +41,17 @@ func KeyLoads(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate s
 		return nil, err
 	}
 	keyed := gs.keyedGates()
+	names := describeGates(slices.Sorted(maps.Keys(keyed)))
 	name := gate
 	if !strings.Contains(gate, ":") {
 		name = "quota:" + gate
-		_, isQuota := cfg.Quotas[gate]
 		if _, isQueue := cfg.Queues[gate]; isQueue {
-			if isQuota {
-				return nil, &GateError{fmt.Sprintf("%q is a queue and a quota: name the gate, drain:%s, fair:%s or quota:%s", gate, gate, gate, gate)}
-			}
-			return nil, &GateError{fmt.Sprintf("%q is a queue: name its gate, drain:%s or fair:%s", gate, gate, gate)}
+			return nil, &GateError{fmt.Sprintf("%q is a queue: name one of its gates, as drain:%s or fair:%s; the config's keyed gates are %s", gate, gate, gate, names)}
 		}
 	}
 	read, ok := keyed[name]
 	if !ok {
-		return nil, &GateError{fmt.Sprintf("%q is not a keyed gate of the config; its keyed gates are %s", gate, describeGates(slices.Sorted(maps.Keys(keyed))))}
+		return nil, &GateError{fmt.Sprintf("%q is not a keyed gate of the config; its keyed gates are %s", gate, names)}
 	}
 	loads, err := read(ctx)
 	if err != nil {

@@ -73,7 +73,7 @@ func TestKeyLoads(t *testing.T) {
 			}
 			for _, tc := range []struct{ gate, err string }{
 				{"drain:" + queue, "is not a keyed gate of the config; its keyed gates are quota:" + quota},
-				{queue, "is a queue: name its gate"},
+				{queue, "is a queue: name one of its gates"},
 				{"quota:nope", "is not a keyed gate"},
 			} {
 				if _, err := KeyLoads(ctx, client, cfg, tc.gate, 20); err == nil || !strings.Contains(err.Error(), tc.err) {
