@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -86,5 +88,61 @@ func TestKeyLoads(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFairKeyLoads: a fair queue's keys as its lines hold them, on a test
+// clock: tasks parked in a key's line count as waiting and as throttled;
+// a minute and more later they still wait but no longer count as
+// throttled, and the next park sweeps the quiet key's count out of the
+// queue's hash of counts.
+func TestFairKeyLoads(t *testing.T) {
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	rdb := redistest.Client(t)
+	queue := redistest.Queue(t, "fair")
+	drain := LimitConfig{Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}
+	cfg := Config{Queues: map[string]QueueConfig{queue: {Drain: &drain, Fairness: &FairnessConfig{Key: "payload.t"}}}}
+	s, err := NewScheduler(rdb, asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
+		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)), WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	f := s.gates.Load().fair[queue]
+	park := func(key string, n int) {
+		t.Helper()
+		for i := range n {
+			id := fmt.Sprintf("%s-%d-%d", key, clock.Now().Unix(), i)
+			if _, err := s.park(ctx, queue, id, &lineSpot{fair: f, key: key, booking: queue + "/" + id, cost: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	loads := func() map[string]throttle.KeyLoad {
+		t.Helper()
+		got, err := throttle.Loads(ctx, f.lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byKey := map[string]throttle.KeyLoad{}
+		for _, l := range got {
+			byKey[l.Key] = l
+		}
+		return byKey
+	}
+	park("a b", 3)
+	if got := loads(); len(got) != 1 || got["a b"].Waiting != 3 || got["a b"].Throttled != 3 {
+		t.Fatalf("after 3 parked: %+v, want key \"a b\" with 3 waiting, 3 throttled", got)
+	}
+	clock.Add(80 * time.Second)
+	park("c", 1)
+	got := loads()
+	if len(got) != 2 || got["a b"].Waiting != 3 || got["a b"].Throttled != 0 || got["c"].Waiting != 1 || got["c"].Throttled != 1 {
+		t.Fatalf("80s on, 1 more parked for c: %+v, want \"a b\" 3 waiting, 0 throttled; c 1 and 1", got)
+	}
+	counts := f.keys[len(f.keys)-1]
+	if fields, err := rdb.HKeys(ctx, counts).Result(); err != nil || len(fields) != 2 || !slices.Contains(fields, "c") {
+		t.Fatalf("the queue's counts hold %v (%v), want c's and the sweep's mark: the quiet key swept out", fields, err)
 	}
 }

@@ -155,3 +155,40 @@ func TestSemaphoreLoads(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadsAfterStateExpired: a key whose state has expired but whose
+// throttles are still recent is listed as idle and throttled, and the
+// look does not bring its state back.
+func TestLoadsAfterStateExpired(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 1, Period: time.Second, Burst: 1},
+		throttle.WithPrefix(prefix), throttle.WithRecentThrottles())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := lim.AllowN(ctx, "k", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+	var state []string
+	for _, k := range keys {
+		if !strings.HasSuffix(k, ":x") {
+			state = append(state, k)
+		}
+	}
+	if len(state) == 0 || len(state) == len(keys) {
+		t.Fatalf("keys %v: want the state and one count of recent throttles", keys)
+	}
+	rdb.Del(ctx, state...) // as if expired
+	got := loadsByKey(t)(throttle.Loads(ctx, lim))
+	if want := (throttle.KeyLoad{Key: "k", Throttled: 2, CanAdmit: true, Remaining: 1}); got["k"] != want || len(got) != 1 {
+		t.Fatalf("Loads = %+v, want only %+v", got, want)
+	}
+	if after, _ := rdb.Keys(ctx, prefix+"*").Result(); len(after) != 1 {
+		t.Fatalf("keys after Loads %v, want only the count of recent throttles", after)
+	}
+}
