@@ -21,16 +21,28 @@ import (
 
 // TestKeyedQuotaScale (issue 13, Scale): 10,000 distinct keys on one keyed
 // quota (token bucket 2/s, burst 2), 4 tasks each booked through the
-// scheduler by 32 callers at once, on Redis's own clock: every key's turns
+// scheduler by 32 callers at once, on Redis's own clock, on the standalone
+// server and on the cluster (the keys over every slot): every key's turns
 // hold 2 + 2·T in every interval T (exact: turns are Redis instants), and
 // once the turns have passed, the keys the gate keeps in Redis go back to
 // none but the one-minute counts of recent throttles (one per key, each to
 // expire within 70s), which the test measures, with used_memory, and
 // logs.
 func TestKeyedQuotaScale(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		client func(testing.TB) redis.UniversalClient
+	}{
+		{"redis", func(tb testing.TB) redis.UniversalClient { return redistest.Client(tb) }},
+		{"cluster", func(tb testing.TB) redis.UniversalClient { return redistest.Cluster(tb) }},
+	} {
+		t.Run(c.name, func(t *testing.T) { testKeyedQuotaScale(t, c.client(t)) })
+	}
+}
+
+func testKeyedQuotaScale(t *testing.T, rdb redis.UniversalClient) {
 	const keys, each, callers = 10_000, 4, 32
 	ctx := context.Background()
-	rdb := redistest.Client(t)
 	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "scale")
 	cfg := Config{
 		Queues: map[string]QueueConfig{queue: {}},
@@ -122,40 +134,61 @@ func TestKeyedQuotaScale(t *testing.T) {
 		gone.Round(100*time.Millisecond), len(recent), float64(recentBytes)/1e6, float64(after-baseline)/1e6)
 }
 
-// usedMemory is INFO memory's used_memory.
-func usedMemory(t *testing.T, rdb *redis.Client) int64 {
+// forEachServer runs fn on rdb's one server, or on every master of a
+// cluster.
+func forEachServer(t *testing.T, rdb redis.UniversalClient, fn func(c redis.Cmdable) error) {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "memory").Result()
+	var err error
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err = cc.ForEachMaster(context.Background(), func(_ context.Context, c *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return fn(c)
+		})
+	} else {
+		err = fn(rdb)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("INFO memory has no used_memory")
-	return 0
 }
 
-func scanKeys(t *testing.T, rdb *redis.Client, pattern string) []string {
+// usedMemory is INFO memory's used_memory (summed over a cluster's masters).
+func usedMemory(t *testing.T, rdb redis.UniversalClient) int64 {
+	t.Helper()
+	var total int64
+	forEachServer(t, rdb, func(c redis.Cmdable) error {
+		info, err := c.Info(context.Background(), "memory").Result()
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				total += n
+				return err
+			}
+		}
+		return fmt.Errorf("INFO memory has no used_memory")
+	})
+	return total
+}
+
+func scanKeys(t *testing.T, rdb redis.UniversalClient, pattern string) []string {
 	t.Helper()
 	var keys []string
-	it := rdb.Scan(context.Background(), 0, pattern, 1000).Iterator()
-	for it.Next(context.Background()) {
-		keys = append(keys, it.Val())
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
+	forEachServer(t, rdb, func(c redis.Cmdable) error {
+		it := c.Scan(context.Background(), 0, pattern, 1000).Iterator()
+		for it.Next(context.Background()) {
+			keys = append(keys, it.Val())
+		}
+		return it.Err()
+	})
 	return keys
 }
 
-func countKeys(t *testing.T, rdb *redis.Client, pattern string) int {
+func countKeys(t *testing.T, rdb redis.UniversalClient, pattern string) int {
 	t.Helper()
 	return len(scanKeys(t, rdb, pattern))
 }
