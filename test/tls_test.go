@@ -27,9 +27,12 @@ const tlsServerName = "redis.sluice.test"
 // TestTLSAndACL: a worker and enqueue against a redis-server that serves
 // TLS only, with a CA made by the test, asking for client certificates,
 // logged in as an ACL user that has exactly what the README lists: 20
-// http:request tasks from `enqueue --file` (half with MaxRetry 0) run once
-// each through a drained queue (10/s: never more than 11 in a second),
-// `enqueue status` answers, and Redis refused no command, key or channel
+// http:request tasks of 2 tenants from `enqueue --file` (half with
+// MaxRetry 0) run once each through a drained queue (10/s: never more than
+// 11 in a second) with fair shares by tenant and a quota keyed by tenant
+// (4/s burst 4, so tasks wait and some wait in their tenant's line),
+// `enqueue status` answers, with --keys for the keyed quota and the fair
+// share, and Redis refused no command, key or channel
 // (ACL LOG, no Redis error counted). A wrong CA or a wrong password stops worker
 // and enqueue with exit code 1 and one line that names the key.
 func TestTLSAndACL(t *testing.T) {
@@ -64,7 +67,13 @@ func TestTLSAndACL(t *testing.T) {
 	}
 	rest := fmt.Sprintf(`worker: {concurrency: 10}
 queues:
-  %s: {drain: {algorithm: leaky_bucket, limit: 10, period: 1s, burst: 1}}
+  %s:
+    drain: {algorithm: leaky_bucket, limit: 10, period: 1s, burst: 1}
+    fairness: {key: 'payload.headers["X-Tenant"]'}
+quotas:
+  per-tenant: {algorithm: token_bucket, limit: 4, period: 1s, burst: 4, key: 'payload.headers["X-Tenant"]'}
+tasks:
+  http:request: {quotas: [per-tenant]}
 `, queue) + u.allowYAML()
 	good := writeConfig(t, redisYAML(ca.CertFile, password)+rest)
 
@@ -89,7 +98,7 @@ queues:
 	const tasks = 20
 	var lines strings.Builder
 	for i := range tasks {
-		fmt.Fprintf(&lines, `{"type": "http:request", "queue": %q, "payload": {"url": "%s/r/%d"}, "options": {"max_retry": %d}}`+"\n", queue, u.URL, i, 3*(i%2))
+		fmt.Fprintf(&lines, `{"type": "http:request", "queue": %q, "payload": {"url": "%s/r/%d", "headers": {"X-Tenant": "t%d"}}, "options": {"max_retry": %d}}`+"\n", queue, u.URL, i, i%2, 3*(i%2))
 	}
 	if run := runEnqueue(t, srv.Addr, nil, "--config", good, "--file", writeFile(t, "tasks.jsonl", lines.String())); run.code != 0 {
 		t.Fatalf("enqueue --file: %v", run)
@@ -107,6 +116,14 @@ queues:
 	}
 	if run := runEnqueue(t, srv.Addr, nil, "--config", good, "status"); run.code != 0 || !strings.Contains(run.stdout, queue) {
 		t.Errorf("enqueue status: %v", run)
+	}
+	for _, gate := range []string{"quota:per-tenant", "fair:" + queue} {
+		if run := runEnqueue(t, srv.Addr, nil, "--config", good, "status", "--keys", gate); run.code != 0 || !strings.Contains(run.stdout, "KEYS OF "+gate) {
+			t.Errorf("enqueue status --keys %s: %v", gate, run)
+		}
+	}
+	if n := w.counter(t, "sluice_throttled_tasks_total"); n == 0 {
+		t.Errorf("no task waited: the keyed quota and the fair share were not exercised")
 	}
 	if n := w.counter(t, "sluice_redis_errors_total"); n != 0 {
 		t.Errorf("sluice_redis_errors_total is %v, want 0", n)
