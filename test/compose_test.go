@@ -151,6 +151,31 @@ func (r *fleetRun) enqueue(t *testing.T, queue, prefix string, n int) {
 	enqueueRequestsOn(t, r.asynqOpt(t), r.u, queue, prefix, n)
 }
 
+// enqueueBacklogs puts counts[i] tasks into queues[i] (as enqueue) while
+// the queues are paused, then lets the fleet at all of them at once: each
+// drain starts on a full backlog. (Tasks enqueued one by one into running
+// queues reach their drains at the producer's pace, on a loaded machine
+// slower than the drain for a while: a rate measured from the first
+// request would count the producer.)
+func (r *fleetRun) enqueueBacklogs(t *testing.T, queues []string, counts []int) {
+	t.Helper()
+	inspector := asynq.NewInspector(r.asynqOpt(t))
+	defer inspector.Close()
+	for _, q := range queues {
+		if err := inspector.PauseQueue(q); err != nil {
+			t.Fatalf("pausing %s: %v", q, err)
+		}
+	}
+	for i, q := range queues {
+		r.enqueue(t, q, q, counts[i])
+	}
+	for _, q := range queues {
+		if err := inspector.UnpauseQueue(q); err != nil {
+			t.Fatalf("unpausing %s: %v", q, err)
+		}
+	}
+}
+
 // counter sums a counter over the fleet.
 func (r *fleetRun) counter(t *testing.T, name string, match ...string) float64 {
 	t.Helper()
@@ -281,11 +306,12 @@ func TestSharedQuotaDrains(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("quota above the drains", func(t *testing.T) {
 				r, queues := startSharedQuota(t, b, rates, "limit: 40, period: 1s, burst: 10")
-				total := 0
-				for i, q := range queues {
-					r.enqueue(t, q, q, 10*rates[i]) // 10 s of work in every queue
-					total += 10 * rates[i]
+				total, counts := 0, make([]int, len(rates))
+				for i, perSecond := range rates {
+					counts[i] = 10 * perSecond // 10 s of work in every queue
+					total += counts[i]
 				}
+				r.enqueueBacklogs(t, queues, counts)
 				r.finish(t, total, 40*time.Second, queues...)
 				for i, q := range queues {
 					got := rate(r.u.Under(q))
@@ -297,11 +323,12 @@ func TestSharedQuotaDrains(t *testing.T) {
 			})
 			t.Run("quota below the drains", func(t *testing.T) {
 				r, queues := startSharedQuota(t, b, rates, "limit: 20, period: 1s, burst: 5")
-				total := 0
-				for i, q := range queues {
-					r.enqueue(t, q, q, 12*rates[i]) // more than the quota can take in 10 s
-					total += 12 * rates[i]
+				total, counts := 0, make([]int, len(rates))
+				for i, perSecond := range rates {
+					counts[i] = 12 * perSecond // more than the quota can take in 10 s
+					total += counts[i]
 				}
+				r.enqueueBacklogs(t, queues, counts)
 				arrivals := r.finish(t, total, 60*time.Second, queues...)
 				over := overAllowance(arrivals, 5, 20)
 				// While every queue still has work: up to the first queue's last task.

@@ -71,13 +71,16 @@ type Booking struct {
 //
 // Claims whose keys share a Redis Cluster slot (all claims, on a single
 // Redis server) are booked in one atomic script run: one round trip. Claims
-// in several slots are booked by a protocol that is exact too: each slot
-// books its claims at its earliest instant; slots whose turn is earlier than
-// the latest give theirs back and book at that instant exactly, in the
-// same script run; a slot that cannot moves the instant on. Two round trips
-// when the slots disagree, one when they agree; between the first and the
-// second, a slot holds a turn it may give back (the window in which a
-// concurrent caller can see it counted).
+// in several slots are booked by a protocol that is exact too: slot by
+// slot, in the order of the claims, each books its claims at its earliest
+// instant not before the latest turn the slots before it hold; then slots
+// whose turn is earlier than the latest give theirs back and book at that
+// instant exactly, in the same script run; a slot that cannot moves the
+// instant on. One round trip per slot when the later slots fit at the first
+// slot's instant (put the claim likeliest to wait first: a queue's drain
+// before an API's quota), one more when they do not; meanwhile a slot holds
+// a turn it may give back (the window in which a concurrent caller can see
+// it counted).
 //
 // A claim whose Redis fails is decided by its limiter's failure policy
 // (WithOnRedisError): deny fails the Book with an error that wraps
@@ -283,10 +286,15 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 		return s
 	}
 	var err error
-	if b.maxWait == 0 && len(groups) > 1 {
-		// Now or never: slot by slot, in the order of the claims (callers
-		// put the limit likeliest to refuse first), so that a refusal holds
-		// nothing in the slots after it to refuse others.
+	if len(groups) > 1 {
+		// Slot by slot, in the order of the claims (callers put the limit
+		// likeliest to refuse first), each asked for its earliest turn at
+		// or after the latest one held so far: no slot holds a turn before
+		// the booking's instant (asked all at once, a quota held one "now"
+		// for every task before moving it to the task's drain turn, and
+		// such holds made other tasks' drains give their turns up to a
+		// later instant, where no one could use them), and a refusal holds
+		// nothing in the slots after it.
 		err = b.inTurn(ctx, groups, first)
 	} else {
 		err = b.each(ctx, groups, first)
@@ -360,15 +368,27 @@ func (b *booker) settle(groups []*group) (at int64, agreed bool) {
 }
 
 // inTurn runs the step stepOf gives each group, one group after another,
-// until one refuses.
+// each not before the latest turn the groups before it hold, until one
+// refuses.
 func (b *booker) inTurn(ctx context.Context, groups []*group, stepOf func(*group) *step) error {
+	var latest int64
 	for _, g := range groups {
-		if err := b.each(ctx, []*group{g}, stepOf); err != nil {
+		err := b.each(ctx, []*group{g}, func(g *group) *step {
+			s := stepOf(g)
+			if latest > 0 && s.notBefore < latest {
+				s.notBefore, s.ahead = latest, 0
+			}
+			return s
+		})
+		if err != nil {
 			b.cancel(ctx, groups)
 			return err
 		}
 		if len(g.parts) > 0 && !g.held {
 			return nil
+		}
+		if g.held {
+			latest = max(latest, g.at)
 		}
 	}
 	return nil
