@@ -143,11 +143,11 @@ func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
 	}
 	rdb := l.calls.rdb
 	var mu sync.Mutex
-	tags := map[string]bool{}
+	tags := map[string]bool{} // tag -> whether it has a state
 	err := scanTags(ctx, rdb, l.prefix, func(tag, rest string) {
 		if rest == "" || rest == ":x" { // a state, or its recent throttles
 			mu.Lock()
-			tags[tag] = true
+			tags[tag] = tags[tag] || rest == ""
 			mu.Unlock()
 		}
 	})
@@ -166,7 +166,11 @@ func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
 	for start := 0; start < len(order); start += maxLoadsBatch {
 		batch := order[start:min(len(order), start+maxLoadsBatch)]
 		ops := make([]*algorithms.Op, len(batch))
+		var peeks []*algorithms.Op
 		for i, tag := range batch {
+			if !tags[tag] {
+				continue // no state: idle (a look must not write one)
+			}
 			state := l.prefix + "{" + tag + "}"
 			ops[i] = &algorithms.Op{Now: algorithms.Now, Name: algorithms.OpPeek, Claims: []algorithms.OpClaim{{
 				Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: 1,
@@ -174,8 +178,11 @@ func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
 			if l.clock != nil {
 				ops[i].Now, ops[i].Slack = now.UnixMicro(), injectedClockSlack.Microseconds()
 			}
+			peeks = append(peeks, ops[i])
 		}
-		algorithms.BookScript.Run(ctx, rdb, ops...)
+		if len(peeks) > 0 {
+			algorithms.BookScript.Run(ctx, rdb, peeks...)
+		}
 		rings := make([]*redis.StringCmd, len(batch))
 		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, tag := range batch {
@@ -187,10 +194,13 @@ func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
 			return nil, fmt.Errorf("throttle: Loads: %w", err)
 		}
 		for i, tag := range batch {
-			if ops[i].Err != nil {
-				return nil, fmt.Errorf("throttle: Loads: peek: %w", ops[i].Err)
+			c := algorithms.Counted{Remaining: l.spec.idleRoom()}
+			if op := ops[i]; op != nil {
+				if op.Err != nil {
+					return nil, fmt.Errorf("throttle: Loads: peek: %w", op.Err)
+				}
+				c = op.Result.Claims[0]
 			}
-			c := ops[i].Result.Claims[0]
 			load := KeyLoad{Key: unTag(tag), Waiting: -1, Throttled: recentThrottled(rings[i].Val(), now),
 				Remaining: int(c.Remaining), CanAdmit: c.Remaining > 0}
 			switch Algorithm(l.spec.algorithm.Name) {
@@ -207,6 +217,16 @@ func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// idleRoom is how many events a key with no state admits: a bucket's
+// burst, a window's limit.
+func (c compiled) idleRoom() int64 {
+	switch Algorithm(c.algorithm.Name) {
+	case TokenBucket, LeakyBucket:
+		return c.params.Burst
+	}
+	return c.params.Limit
+}
 
 // fairLoads reads a fair share's one state: every active key value, and
 // those that waited in their line in the last minute.
