@@ -151,23 +151,29 @@ func commandsPerTask(ctx context.Context, b *bench, opt asynq.RedisClientOpt, fa
 		{"drain 50/s burst 1, concurrency 40, worker.hold_max 1ns: tasks wait in Redis", drain(50, 40, 2, time.Nanosecond), 400},
 	}
 	fmt.Fprintf(b.out, `
-Redis commands per completed task, from INFO commandstats before and after each run (it counts the commands asynq's and sluice's scripts run, and everything the asynq server does meanwhile: heartbeats, the forwarder every 100ms), one asynq server of concurrency 20 unless the row says:
+Redis commands per completed task, from INFO commandstats before and after each run (it counts the commands asynq's and sluice's scripts run, and everything the asynq server does meanwhile: heartbeats, the forwarder every 100ms, polls of an empty queue, sluice's waker), one asynq server of concurrency 20 unless the row says. What a server does meanwhile grows with the run's length, not with its tasks, so a slow run (a drain of 50/s) pays more of it per task: "idle" is what the same server, on the same config, runs in the same time with no task at all (measured right after), and "net" is the rest, per task:
 
-| worker | tasks | commands per task | ratio to plain asynq | requeued per task |
-|---|--:|--:|--:|--:|
+| worker | tasks | seconds | commands per task | ratio to plain asynq | idle per task | net per task | net ratio to plain asynq | requeued per task |
+|---|--:|--:|--:|--:|--:|--:|--:|--:|
 `)
-	var plain float64
+	var plain, plainNet float64
 	for _, row := range rows {
 		b.progress("commands: %s", row.name)
 		r, err := runNoops(ctx, b, opt, row.cfg, queue, row.n)
 		if err != nil {
 			return fmt.Errorf("commands, %s: %w", row.name, err)
 		}
-		perTask := r.commands / float64(row.n)
-		if row.cfg == nil {
-			plain = perTask
+		idle, err := serveTasks(ctx, b, opt, row.cfg, queue, 0, r.elapsed, newNoop)
+		if err != nil {
+			return fmt.Errorf("commands, %s, idle: %w", row.name, err)
 		}
-		fmt.Fprintf(b.out, "| %s | %d | %.1f | %.2f | %.2f |\n", row.name, row.n, perTask, perTask/plain, r.requeued/float64(row.n))
+		perTask, idlePerTask := r.commands/float64(row.n), idle.commands/float64(row.n)
+		net := perTask - idlePerTask
+		if row.cfg == nil {
+			plain, plainNet = perTask, net
+		}
+		fmt.Fprintf(b.out, "| %s | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f |\n", row.name, row.n, r.elapsed.Seconds(),
+			perTask, perTask/plain, idlePerTask, net, net/plainNet, r.requeued/float64(row.n))
 	}
 	return nil
 }
@@ -177,20 +183,28 @@ type noopRun struct {
 	rate     float64 // tasks per second
 	commands float64 // Redis commands the server ran meanwhile
 	requeued float64 // tasks sent back to Redis to wait (sluice_throttled_tasks_total{how="requeued"})
+	elapsed  time.Duration
 }
 
 // runNoops enqueues n noop tasks, then runs a server until all are done,
 // gated by a Scheduler on cfg unless it is nil.
 func runNoops(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs.Config, queue string, n int) (noopRun, error) {
-	return runTasks(ctx, b, opt, cfg, queue, n, func(int) *asynq.Task {
-		task, _ := jobs.NewNoopTask()
-		return task
-	})
+	return runTasks(ctx, b, opt, cfg, queue, n, newNoop)
+}
+
+func newNoop(int) *asynq.Task {
+	task, _ := jobs.NewNoopTask()
+	return task
 }
 
 // runTasks is runNoops with the tasks newTask makes (the i-th of n, all of
 // one type), which the server does nothing with.
 func runTasks(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs.Config, queue string, n int, newTask func(i int) *asynq.Task) (noopRun, error) {
+	return serveTasks(ctx, b, opt, cfg, queue, n, 0, newTask)
+}
+
+// serveTasks is runTasks; with n 0, it serves an empty queue for idle.
+func serveTasks(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs.Config, queue string, n int, idle time.Duration, newTask func(i int) *asynq.Task) (noopRun, error) {
 	if err := enqueueEach(opt, queue, n, newTask); err != nil {
 		return noopRun{}, err
 	}
@@ -230,6 +244,9 @@ func runTasks(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs
 	if err := srv.Start(mux); err != nil {
 		return noopRun{}, err
 	}
+	if n == 0 {
+		go func() { time.Sleep(idle); close(finished) }()
+	}
 	select {
 	case <-finished:
 	case <-ctx.Done():
@@ -239,7 +256,8 @@ func runTasks(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs
 		srv.Shutdown()
 		return noopRun{}, fmt.Errorf("only %d of %d tasks done after 5 minutes", done.Load(), n)
 	}
-	rate := float64(n) / time.Since(start).Seconds()
+	elapsed := time.Since(start)
+	rate := float64(n) / elapsed.Seconds()
 	after, err := commandsRun(ctx, b.rdb)
 	srv.Shutdown()
 	if err != nil {
@@ -252,7 +270,7 @@ func runTasks(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jobs
 		}
 	}
 	// The INFO call that read the counts is one of them.
-	return noopRun{rate: rate, commands: float64(after - before - 1), requeued: requeued}, nil
+	return noopRun{rate: rate, commands: float64(after - before - 1), requeued: requeued, elapsed: elapsed}, nil
 }
 
 // counterSum adds up the counters of family name whose label is value.
