@@ -155,6 +155,9 @@ func counterWith(t *testing.T, reg *prometheus.Registry, name string, labels map
 // than the lease, it still holds it.
 func TestSlotsRenewedWhileWaiting(t *testing.T) {
 	ctx := context.Background()
+	// A longer lease than the other slot tests': renews come every third of
+	// it, and on a loaded machine a renew of a 300ms lease came too late.
+	const lease = time.Second
 	queue := redistest.Queue(t, "q")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{HoldMax: 3 * lease},
