@@ -16,6 +16,10 @@ import (
 // MaxKeyLoads bounds how many keys KeyLoads returns.
 const MaxKeyLoads = 1000
 
+// maxGateName bounds a gate's name as KeyLoads takes it: a longer one names
+// no gate, and is not echoed back whole.
+const maxGateName = 512
+
 // GateError is KeyLoads' answer when it is asked for what it cannot list:
 // a gate that is not a keyed gate of the config, or a bad count.
 type GateError struct{ Problem string }
@@ -34,6 +38,9 @@ func (e *GateError) Error() string { return "jobs: " + e.Problem }
 func KeyLoads(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate string, top int) ([]throttle.KeyLoad, error) {
 	if top < 1 || top > MaxKeyLoads {
 		return nil, &GateError{fmt.Sprintf("the keys listed must be 1 to %d, got %d", MaxKeyLoads, top)}
+	}
+	if len(gate) > maxGateName {
+		return nil, &GateError{fmt.Sprintf("a gate's name is at most %d bytes, got %d (%q...)", maxGateName, len(gate), gate[:32])}
 	}
 	cfg = cfg.Defaults()
 	gs, err := newGateSet(rdb, cfg, gateOptions{lease: slotLease})

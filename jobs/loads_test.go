@@ -77,9 +77,10 @@ func TestKeyLoads(t *testing.T) {
 				{"drain:" + queue, "is not a keyed gate of the config; its keyed gates are quota:" + quota},
 				{queue, "is a queue: name one of its gates"},
 				{"quota:nope", "is not a keyed gate"},
+				{strings.Repeat("x", 100_000), "a gate's name is at most 512 bytes, got 100000"},
 			} {
 				if _, err := KeyLoads(ctx, client, cfg, tc.gate, 20); err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Errorf("KeyLoads(%q): %v, want an error with %q", tc.gate, err, tc.err)
+					t.Errorf("KeyLoads(%.40q): %v, want an error with %q", tc.gate, err, tc.err)
 				}
 			}
 			for _, top := range []int{0, MaxKeyLoads + 1} {

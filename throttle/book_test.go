@@ -479,13 +479,13 @@ func TestLargeStates(t *testing.T) {
 // get the turns they kept: none is booked anew at the end of the drain's
 // line (which wastes the turn it held).
 func TestKeptTurnsOnTwoGates(t *testing.T) {
-	drainSpec := throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 20, Period: time.Second, Burst: 1}
-	quotaSpec := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 40, Period: time.Second, Burst: 10}
+	fastDrain := throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 20, Period: time.Second, Burst: 1}
+	sharedQuota := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 40, Period: time.Second, Burst: 10}
 	for _, e := range engines(t) {
 		t.Run(e.name, func(t *testing.T) {
 			clock := testkit.NewClock(t0)
-			drain := mustNew(t, e, drainSpec, clock, "drain")
-			quota := mustNew(t, e, quotaSpec, clock, "quota")
+			drain := mustNew(t, e, fastDrain, clock, "drain")
+			quota := mustNew(t, e, sharedQuota, clock, "quota")
 			claims := func(id string) []throttle.Claim {
 				return []throttle.Claim{{Limiter: drain, Key: "q2", N: 1, ID: id}, {Limiter: quota, Key: "api", N: 1, ID: id}}
 			}

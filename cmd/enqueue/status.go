@@ -222,11 +222,11 @@ func (a *app) watch(cmd *cobra.Command, watch, asJSON bool, take func(context.Co
 
 func printKeys(w io.Writer, s keysSnapshot) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
 	if len(s.Keys) == 0 {
-		fmt.Fprintln(tw, "none: no key holds state or throttled a task in the last minute")
+		fmt.Fprintf(tw, "KEYS OF %s at %s: none (no key holds state or throttled a task in the last minute)\n", s.Gate, s.Time.Local().Format(time.DateTime))
 		return tw.Flush()
 	}
+	fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
 	fmt.Fprintln(tw, "KEY\tWAITING\tTHROTTLED (1m)\tCAN ADMIT NOW")
 	for _, k := range s.Keys {
 		waiting, admit := "-", "no"
