@@ -25,6 +25,7 @@ type booking struct {
 	claims []claim
 	turns  []throttle.Reservation // one per claim: given back if the task will not use them
 	ready  time.Time              // on our clock: when its turns come (zero: it has no gates)
+	at     time.Time              // the same instant on the limiters' clock (zero: lent, or no gates)
 	// askIn, if > 0, is how soon to ask the gates again: no turn within
 	// worker.reserve_max, or Redis could not decide.
 	askIn time.Duration
@@ -157,7 +158,7 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	// The wait is the script's own, from when its answer came: no clock but
 	// Redis's is involved (the answer's way back makes it a little late,
 	// never early).
-	return booking{claims: claims, turns: turns, ready: s.clock.Now().Add(bk.Delay)}, nil
+	return booking{claims: claims, turns: turns, ready: s.clock.Now().Add(bk.Delay), at: bk.At}, nil
 }
 
 // claimsOf lists the claims a task makes, in order: its queue's drain,

@@ -20,20 +20,24 @@ import (
 )
 
 const (
-	// delayedTaskCheck is how often asynq moves due scheduled tasks to
-	// pending (its default of 5s would make requeued tasks late).
-	delayedTaskCheck = 100 * time.Millisecond
+	// delayedTaskCheck is how often asynq moves due scheduled and retried
+	// tasks to pending. A task waiting in Redis for its turn is moved on
+	// time by the waker (wake.go); asynq's own move is its fallback, a
+	// second after it is due, and a producer's scheduled task's. Asynq's
+	// default of 5s would make those late; each check costs 4 commands.
+	delayedTaskCheck = time.Second
 	// taskCheck is how long an idle asynq worker sleeps between looks at
 	// empty queues: between half of it and one and a half times it.
 	taskCheck = 100 * time.Millisecond
 	// requeueLead schedules a requeued task this long before its turn: long
-	// enough to become pending and be picked up by a worker that was idle,
-	// which then waits the rest of the way.
-	requeueLead = delayedTaskCheck + taskCheck*3/2 + 50*time.Millisecond
+	// enough for the waker to make it pending (it takes tasks up to
+	// wakeEvery early) and for a worker that was idle to pick it up, with
+	// room for a loaded machine; that worker then waits the rest of the way.
+	requeueLead = taskCheck*3/2 + 150*time.Millisecond
 	// alwaysHold: a task whose turn is this close waits for it in the
 	// worker. Going to Redis and back would take longer, and a task back
-	// from Redis comes up to wakeAhead early.
-	alwaysHold = requeueLead + wakeAhead
+	// from Redis comes up to wakeEvery early.
+	alwaysHold = requeueLead + wakeEvery
 	// slotLease is the lease of a concurrency slot; a running task renews it
 	// every third of it (see slots.go).
 	slotLease = 30 * time.Second
@@ -162,8 +166,8 @@ func (s *Scheduler) Apply(cfg Config) error {
 }
 
 // AsynqConfig returns the asynq.Server config that the gates need: queues
-// and priorities from the config, and a short delayed-task check so that
-// requeued tasks come back on time. Config changes to queues need a restart.
+// and priorities from the config, and a delayed-task check of a second.
+// Config changes to queues need a restart.
 func (s *Scheduler) AsynqConfig() asynq.Config {
 	cfg := s.Config()
 	queues := map[string]int{}
@@ -245,7 +249,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		case toRedis:
 			// Its turns stay kept under its booking ID: back for them just
 			// before they come, it gets them.
-			return s.waitInRedis(ctx, t, queue, id, wait-requeueLead)
+			return s.waitForTurn(ctx, t, queue, id, wait-requeueLead, b.at.Add(-requeueLead))
 		case limitsChanged:
 			continue // its turns were booked at the old rate: book at the new one
 		}

@@ -95,37 +95,45 @@ func exhausted(ctx context.Context) bool {
 // archived on that path; it goes back as a copy instead (copyForLater).
 // Either way it is never failed, retried or archived for waiting.
 func (s *Scheduler) waitInRedis(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
-	return s.waitIn(ctx, t, queue, id, wait, nil)
+	return s.waitIn(ctx, t, queue, id, wait, time.Time{}, nil)
+}
+
+// waitForTurn is waitInRedis for a task that just booked its turns: due
+// back at on the limiters' clock (in wait on ours), noted without asking
+// Redis for the time.
+func (s *Scheduler) waitForTurn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time) error {
+	return s.waitIn(ctx, t, queue, id, wait, at, nil)
 }
 
 // waitInLine is waitInRedis for a task whose key holds its fair share:
 // it waits in its key's line until the queue's waker lets it out.
 func (s *Scheduler) waitInLine(ctx context.Context, t *asynq.Task, queue, id string, line *lineSpot) error {
-	return s.waitIn(ctx, t, queue, id, 0, line)
+	return s.waitIn(ctx, t, queue, id, 0, time.Time{}, line)
 }
 
-func (s *Scheduler) waitIn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, line *lineSpot) error {
+func (s *Scheduler) waitIn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time, line *lineSpot) error {
 	if !exhausted(ctx) {
-		wait, err := s.note(ctx, queue, id, wait, line)
+		wait, err := s.note(ctx, queue, id, wait, at, line)
 		if err != nil {
 			return err
 		}
 		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 		return &waitError{wait: wait}
 	}
-	err := s.requeue(ctx, t, queue, id, wait, line)
+	err := s.requeue(ctx, t, queue, id, wait, at, line)
 	if !errors.Is(err, errLetOut) {
 		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 	}
 	return err
 }
 
-// note notes task id of queue in the wake set, due back in wait, or in
-// its key's line; it returns when asynq should bring it back by itself
-// if nobody does (less wakeLatest). errLetOut: the task books instead.
-func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Duration, line *lineSpot) (time.Duration, error) {
+// note notes task id of queue in the wake set, due back in wait (at, on
+// the limiters' clock, if not zero), or in its key's line; it returns when
+// asynq should bring it back by itself if nobody does (less wakeLatest).
+// errLetOut: the task books instead.
+func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Duration, at time.Time, line *lineSpot) (time.Duration, error) {
 	if line == nil {
-		if err := s.noteWake(ctx, queue, id, wait); err != nil {
+		if err := s.noteWake(ctx, queue, id, wait, at); err != nil {
 			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
 		}
 		return wait, nil
@@ -152,14 +160,14 @@ func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Durati
 // and an error would cost it a retry; asynq archives a task that errs with
 // none left, failure or not. The copy's id is fixed, so an attempt that
 // reached Redis unanswered makes the next one a harmless duplicate.
-func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, line *lineSpot) error {
+func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time, line *lineSpot) error {
 	giveUp := func(err error, attempts int) error {
 		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "attempts", attempts, "err", err)
 		return fmt.Errorf("%w: %v", errWaitInRedis, err)
 	}
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := s.copyForLater(ctx, t, queue, id, wait, line)
+		err := s.copyForLater(ctx, t, queue, id, wait, at, line)
 		if errors.Is(err, errLetOut) {
 			return err
 		}
@@ -193,7 +201,7 @@ const maxCopyIDs = 8
 // the copy already made only if that task is provably it (same type,
 // payload, origin and hop); a producer may have chosen the id, and then the
 // copy takes the next one (<origin>~<hop>~2, ...).
-func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, line *lineSpot) error {
+func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time, line *lineSpot) error {
 	info, err := s.inspector.GetTaskInfo(queue, id)
 	if err != nil {
 		return err
@@ -222,7 +230,7 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		// In its line before it exists, so that asynq's schedule can be
 		// the fallback after the estimate. A copy let out before it is
 		// made comes back by that fallback.
-		if wait, err = s.note(ctx, queue, copyID(1), 0, line); err != nil {
+		if wait, err = s.note(ctx, queue, copyID(1), 0, time.Time{}, line); err != nil {
 			return err
 		}
 	}
@@ -255,7 +263,7 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 			return err
 		}
 		if line == nil || try > 1 {
-			_, _ = s.note(ctx, queue, copyID, wait, line)
+			_, _ = s.note(ctx, queue, copyID, wait, at, line)
 		}
 		return nil
 	}

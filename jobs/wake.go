@@ -23,13 +23,13 @@ import (
 // again.
 const (
 	wakeBatch = 100 // tasks one look moves at most
-	// wakeAhead: a look takes the tasks due within it too, so that one
-	// look serves all of them; they come back at most this early, and wait
-	// the rest in the worker (see hold).
-	wakeAhead   = 50 * time.Millisecond
-	wakeMinIdle = wakeAhead              // not sooner: then a look takes nothing new
+	// wakeEvery: the waker looks this often, and each look takes the tasks
+	// due before the next one too: they come back up to wakeEvery early,
+	// and wait the rest in the worker (see hold). A look costs a script run
+	// of 5 or 6 commands however many tasks it takes: looking when each
+	// task comes would cost that per task.
+	wakeEvery = 100 * time.Millisecond
 	fairLook    = 20 * time.Millisecond  // how often a waker lets tasks out of fair lines
-	wakeMaxIdle = 100 * time.Millisecond // the waker's longest sleep: a task noted by another worker waits at most that
 	wakeLease   = time.Second            // a waker that dies is replaced this soon
 	wakeWatch   = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
 	wakeLatest  = time.Second            // how much later than due asynq brings a task back by itself
@@ -49,10 +49,15 @@ func wakeKeys(queue string) []string {
 	return []string{throttle.Key("sluice:wake:", queue), throttle.Key("sluice:waker:", queue)}
 }
 
-// noteWake notes that task id of queue is due back in wait, and tells this
-// worker's waker if it would otherwise look too late.
-func (s *Scheduler) noteWake(ctx context.Context, queue, id string, wait time.Duration) error {
-	err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "note", id, wait.Microseconds()).Err()
+// noteWake notes that task id of queue is due back in wait (at, on the
+// limiters' clock, if not zero: then the script needs no TIME), and tells
+// this worker's waker if it would otherwise look too late.
+func (s *Scheduler) noteWake(ctx context.Context, queue, id string, wait time.Duration, at time.Time) error {
+	due := strconv.FormatInt(wait.Microseconds(), 10)
+	if !at.IsZero() {
+		due = "@" + strconv.FormatInt(at.UnixMicro(), 10)
+	}
+	err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "note", id, due).Err()
 	if next, ok := s.wakerOf.Load(queue); ok && err == nil && s.clock.Now().Add(wait).Before(next.(time.Time)) {
 		select {
 		case s.lookNow <- struct{}{}:
@@ -78,9 +83,6 @@ func (s *Scheduler) wake(ctx context.Context) {
 		for queue := range s.Config().Queues {
 			d, ok := s.wakeQueue(ctx, queue)
 			idle, waker[queue] = min(idle, d), ok
-		}
-		if idle > fairLook {
-			idle = max(idle, wakeMinIdle)
 		}
 		next := s.clock.Now().Add(idle)
 		for queue, ok := range waker {
@@ -108,17 +110,17 @@ func (s *Scheduler) wake(ctx context.Context) {
 // this worker is its waker, and returns how soon to look again and whether
 // it is the waker.
 func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	keys, args := wakeKeys(queue), []any{s.scriptNow(), "take", wakeBatch, wakeAhead.Microseconds(), s.worker, wakeLease.Microseconds()}
+	keys, args := wakeKeys(queue), []any{s.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), s.worker, wakeLease.Microseconds()}
 	if f := s.gates.Load().fair[queue]; f != nil {
 		more, extra := f.wakeArgs()
 		keys, args = append(keys, more...), append(args, extra...)
 	}
 	reply, err := wakeScript.Run(ctx, s.rdb, keys, args...).Slice()
 	if err != nil || len(reply) == 0 {
-		return wakeMaxIdle, false
+		return wakeEvery, false
 	}
-	next, _ := reply[0].(int64)
-	if next == -2 && len(reply) == 2 {
+	lines, _ := reply[0].(int64)
+	if lines == -2 && len(reply) == 2 {
 		// Another worker is the waker: look again when its lease ends, or
 		// sooner in case it resigns.
 		until, _ := reply[1].(int64)
@@ -127,19 +129,20 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 	if err := s.ready(ctx, queue, reply[1:]); err != nil {
 		s.log.Warn("cannot move tasks due back to their queue; asynq brings them a second late", "queue", queue, "err", err)
 	}
-	if (len(reply)-1)/2 >= wakeBatch {
+	switch {
+	case (len(reply)-1)/2 >= wakeBatch:
 		return 0, true // more may be due
-	}
-	if next < 0 {
-		return wakeMaxIdle, true
-	}
-	if next == 0 {
-		// Tasks wait in fair lines (or are due): look again soon, not at
-		// once.
+	case lines == 1:
+		// Tasks wait in fair lines, on shares, not on time: look again
+		// soon.
 		return fairLook, true
 	}
-	return min(time.Duration(next)*time.Microsecond-wakeAhead, wakeMaxIdle), true
+	return wakeEvery, true
 }
+
+// asynqKeys is the prefix of queue's keys in asynq v0.26's layout
+// (internal/base), for what its API cannot do cheaply.
+func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
 
 // ready moves the tasks taken from the wake set (id, µs since due, ...) to
 // the head of their queue, in one call: a task back for its turn is taken
@@ -150,7 +153,7 @@ func (s *Scheduler) ready(ctx context.Context, queue string, taken []any) error 
 	if len(taken) == 0 {
 		return nil
 	}
-	prefix := "asynq:{" + queue + "}:"
+	prefix := asynqKeys(queue)
 	args := []any{prefix + "t:", s.clock.Now().UnixNano()}
 	for i := 0; i+1 < len(taken); i += 2 {
 		args = append(args, taken[i])
@@ -166,7 +169,7 @@ func (s *Scheduler) ready(ctx context.Context, queue string, taken []any) error 
 		case result == 1:
 			s.metrics.woken.Inc()
 		case result == 2 && overdue < wakeStillActive.Microseconds():
-			_ = s.noteWake(ctx, queue, id, wakeAgain)
+			_ = s.noteWake(ctx, queue, id, wakeAgain, time.Time{})
 		}
 		// Otherwise gone (it ran, was deleted), pending already, or
 		// archived: nothing to do.

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,10 +13,11 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // TestWakerOnTime: of two workers, one at a time moves the tasks that wait
-// in Redis to pending, each when it is due (up to wakeAhead early, never
+// in Redis to pending, each when it is due (up to wakeEvery early, never
 // more than the waker's longest sleep late), whichever worker noted it; when
 // the waker stops, the other takes over and the tasks still come on time.
 func TestWakerOnTime(t *testing.T) {
@@ -42,7 +44,7 @@ func TestWakerOnTime(t *testing.T) {
 		}
 		wait := time.Duration(300+150*i)*time.Millisecond - time.Since(start)
 		due[id] = time.Now().Add(wait)
-		if err := workers[i%2].noteWake(context.Background(), queue, id, wait); err != nil {
+		if err := workers[i%2].noteWake(context.Background(), queue, id, wait, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -92,14 +94,14 @@ func TestWakerOnTime(t *testing.T) {
 		switch {
 		case !ok:
 			t.Errorf("%s never became pending", id)
-		case got.Before(at.Add(-wakeAhead - 5*time.Millisecond)):
-			t.Errorf("%s pending %v early, want at most %v", id, at.Sub(got), wakeAhead)
-		case at.Before(stoppedAt) && got.After(at.Add(wakeMaxIdle)):
-			t.Errorf("%s pending %v late, want at most %v", id, got.Sub(at), wakeMaxIdle)
-		case got.After(at.Add(wakeWatch + wakeMaxIdle)):
+		case got.Before(at.Add(-wakeEvery - 5*time.Millisecond)):
+			t.Errorf("%s pending %v early, want at most %v", id, at.Sub(got), wakeEvery)
+		case at.Before(stoppedAt) && got.After(at.Add(wakeEvery)):
+			t.Errorf("%s pending %v late, want at most %v", id, got.Sub(at), wakeEvery)
+		case got.After(at.Add(wakeWatch + wakeEvery)):
 			// Due just after the waker stopped: the other looks within
 			// wakeWatch.
-			t.Errorf("%s pending %v late after the waker stopped, want at most %v", id, got.Sub(at), wakeWatch+wakeMaxIdle)
+			t.Errorf("%s pending %v late after the waker stopped, want at most %v", id, got.Sub(at), wakeWatch+wakeEvery)
 		}
 	}
 	// One waker at a time: until it stopped, only one worker moved tasks;
@@ -195,7 +197,7 @@ func TestWakeWhileStillActive(t *testing.T) {
 	mux := asynq.NewServeMux()
 	mux.HandleFunc("test:wait", func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		if err := s.noteWake(ctx, queue, id, 0); err != nil {
+		if err := s.noteWake(ctx, queue, id, 0, time.Time{}); err != nil {
 			return err
 		}
 		close(noted)
@@ -258,7 +260,7 @@ func TestWokenTaskFirst(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"retried", "scheduled"} {
-		if err := s.noteWake(ctx, queue, id, 0); err != nil {
+		if err := s.noteWake(ctx, queue, id, 0, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -287,5 +289,90 @@ func TestWokenTaskFirst(t *testing.T) {
 	}
 	if first := order[:2]; !(first[0] == "retried" && first[1] == "scheduled" || first[0] == "scheduled" && first[1] == "retried") {
 		t.Errorf("tasks ran in the order %v; want the two woken ones first", order)
+	}
+}
+
+// TestWakerLooksInBatches (issue 12, Redis cost per waiting task): tasks due
+// back every 10ms (a queue drained at 100/s) are moved to pending by looks
+// at least wakeEvery apart, each taking every task due within wakeEvery,
+// not by one look per task: a look costs a script run and 6 commands.
+func TestWakerLooksInBatches(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	rdb := redistest.Client(t)
+	looks := &scriptCalls{op: "take"}
+	rdb.AddHook(looks)
+	s := newScheduler(t, rdb, Config{Queues: map[string]QueueConfig{queue: {}}})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+
+	const n, every = 100, 10 * time.Millisecond
+	for i := range n {
+		id := fmt.Sprintf("task-%d", i)
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Noted as a task that just booked its turn is: at an instant on
+	// Redis's clock.
+	start := time.Now()
+	redisNow, err := rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		wait := 200*time.Millisecond + time.Duration(i)*every
+		if err := s.noteWake(context.Background(), queue, fmt.Sprintf("task-%d", i), wait, redisNow.Add(wait)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	looks.count.Store(0)
+	go s.wake(ctx)
+	testkit.WaitFor(t, 5*time.Second, "every task moved to pending", func() bool {
+		return testutil.ToFloat64(s.metrics.woken) == n
+	})
+	span := time.Since(start)
+	if last := 200*time.Millisecond + (n-1)*every - wakeEvery - 10*time.Millisecond; span < last {
+		t.Fatalf("every task pending %v after the first note, want the last one not before %v (its due instant less wakeEvery)", span, last)
+	}
+	// One look per wakeEvery while tasks are due, and a few more: the
+	// first, and the one that finds the set empty.
+	most := int64(span/wakeEvery) + 3
+	t.Logf("%d tasks due over %v moved by %d looks in %v", n, n*every, looks.count.Load(), span.Round(time.Millisecond))
+	if got := looks.count.Load(); got > most {
+		t.Errorf("%d looks moved %d tasks due over %v, want at most %d (one per %v)", got, n, n*every, most, wakeEvery)
+	}
+}
+
+// scriptCalls counts the script runs (EVALSHA or EVAL) whose arguments
+// include op.
+type scriptCalls struct {
+	op    string
+	count atomic.Int64
+}
+
+func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			for _, arg := range cmd.Args() {
+				if arg == c.op {
+					c.count.Add(1)
+					break
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			_ = c.ProcessHook(func(context.Context, redis.Cmder) error { return nil })(ctx, cmd)
+		}
+		return next(ctx, cmds)
 	}
 }

@@ -304,7 +304,10 @@ local function new_bucket(key, spans_key, p)
   end
 
   -- save writes the state, trimmed or not: the Go twin keeps what this
-  -- keeps, also when a clock steps back.
+  -- keeps, also when a clock steps back. A state as it was read is not
+  -- written: its TTL, set when it last changed, ends when it would now
+  -- (what it holds ends at the same instant), and a task back for its kept
+  -- turn then costs no write.
   function self.save(ttl)
     local s
     if count == 1 then
@@ -312,6 +315,7 @@ local function new_bucket(key, spans_key, p)
     else
       s = string.format('%d %d %d %d', ref, self.blocked, count, last)
     end
+    if s == state then return end
     redis.call('SET', key, s, 'PX', ttl)
     if count > 1 then redis.call('PEXPIRE', spans_key, ttl) end
   end

@@ -15,19 +15,20 @@
 -- Output  -> per id: 1 moved; 2 still active (asynq has not moved it to
 --            its retry list yet); 0 neither (gone, pending, or archived)
 
-local lists = {retry = KEYS[2], scheduled = KEYS[3]}
+-- A task back from waiting is in the retry list (asynq's retry path) or
+-- the scheduled one (a copy): removing it from its list is the test, and
+-- its state is read only if it is in neither.
 local out = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
   local key = ARGV[1] .. id
-  local state = redis.call('HGET', key, 'state')
   local result = 0
-  if state == 'active' then
-    result = 2
-  elseif lists[state] and redis.call('ZREM', lists[state], id) == 1 then
+  if redis.call('ZREM', KEYS[2], id) == 1 or redis.call('ZREM', KEYS[3], id) == 1 then
     redis.call('RPUSH', KEYS[1], id)
     redis.call('HSET', key, 'state', 'pending', 'pending_since', ARGV[2])
     result = 1
+  elseif redis.call('HGET', key, 'state') == 'active' then
+    result = 2
   end
   out[#out + 1] = result
 end

@@ -16,8 +16,9 @@
 --            recent_note_in): each park counts
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
 -- ARGV[2] -> op: note, take, resign, rush or park
--- note:   ARGV[3] -> a task id, ARGV[4] -> in how many µs it is due
---         (the set needs no TTL: taken empty, it is gone)
+-- note:   ARGV[3] -> a task id, ARGV[4] -> in how many µs it is due, or
+--         '@' and the µs it is due at (no TIME read then); the set needs
+--         no TTL: taken empty, it is gone
 -- take:   ARGV[3] -> the most ids to take, ARGV[4] -> µs ahead: tasks due
 --         that soon are taken too, ARGV[5] -> the worker taking,
 --         ARGV[6] -> the waker's lease in µs, renewed by each take
@@ -32,14 +33,20 @@
 --         line (it books)
 -- Output  -> park: about how many µs until its key's share lets it out
 --            (if every active key stays backlogged), -1 if it was let out;
---            note: 1; take: {µs until a task is due (-1: none left), then
+--            note: 1; take: {1 if tasks wait in fair lines, else 0, then
 --            per task taken its id and µs since it was due (negative: due
 --            yet)}, or {-2, µs until the waker's lease ends} when another
 --            worker is the waker; resign: 1 if it was the waker; rush: how
 --            many
 
-local now = clock()
 local op = ARGV[2]
+if op == 'note' then
+  local at = ARGV[4]
+  if string.sub(at, 1, 1) == '@' then at = tonumber(string.sub(at, 2)) else at = clock() + tonumber(at) end
+  redis.call('ZADD', KEYS[1], at, ARGV[3])
+  return 1
+end
+local now = clock()
 local fair = #KEYS >= 6
 -- fair_life keeps a fair queue's lines as long as what waits in them.
 local FAIR_LIFE = 3600 * 1000
@@ -63,10 +70,6 @@ if op == 'park' then
   local W = fair_num(state, 'W')
   return math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
 end
-if op == 'note' then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[3])
-  return 1
-end
 if op == 'rush' then
   local all = redis.call('ZRANGE', KEYS[1], 0, -1)
   for _, id in ipairs(all) do redis.call('ZADD', KEYS[1], now, id) end
@@ -86,7 +89,7 @@ if waker and waker ~= ARGV[5] then
 end
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ceildiv(tonumber(ARGV[6]), 1000))
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[4]), 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
-local ids, reply = {}, {-1}
+local ids, reply = {}, {0}
 for i = 1, #due, 2 do
   ids[#ids + 1] = due[i]
   reply[#reply + 1], reply[#reply + 2] = due[i], now - tonumber(due[i + 1])
@@ -131,8 +134,6 @@ if fair then
   end
   fair_keep(aux, RELEASE_LIFE / 1000 + 1000)
 end
-local next_ = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if next_[2] then reply[1] = math.max(0, tonumber(next_[2]) - now) end
--- Lines wait on shares, not on time: look again soon.
-if fair and redis.call('ZCARD', KEYS[6]) > 0 then reply[1] = 0 end
+-- Lines wait on shares, not on time: the waker looks again soon.
+if fair and redis.call('ZCARD', KEYS[6]) > 0 then reply[1] = 1 end
 return reply
