@@ -28,11 +28,11 @@ const (
 	// and wait the rest in the worker (see hold). A look costs a script run
 	// of 5 or 6 commands however many tasks it takes: looking when each
 	// task comes would cost that per task.
-	wakeEvery = 100 * time.Millisecond
-	fairLook    = 20 * time.Millisecond  // how often a waker lets tasks out of fair lines
-	wakeLease   = time.Second            // a waker that dies is replaced this soon
-	wakeWatch   = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
-	wakeLatest  = time.Second            // how much later than due asynq brings a task back by itself
+	wakeEvery  = 100 * time.Millisecond
+	fairLook   = 20 * time.Millisecond  // how often a waker lets tasks out of fair lines
+	wakeLease  = time.Second            // a waker that dies is replaced this soon
+	wakeWatch  = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
+	wakeLatest = time.Second            // how much later than due asynq brings a task back by itself
 	// A task due that asynq still has as running is looked at again
 	// wakeAgain later, for up to wakeStillActive after it was due: it is
 	// on its way to the retry list.
