@@ -86,7 +86,9 @@ type Booking struct {
 	// Kept: the turns are those the claims kept under their IDs; nothing
 	// was counted.
 	Kept bool
-	Now  int64 // the instant it was decided at
+	// Reminded: the turn was noted as the Op's Remind asked.
+	Reminded bool
+	Now      int64 // the instant it was decided at
 	// At is the instant every claim was counted at; when not OK, the
 	// earliest instant found at which all would fit (a lower bound).
 	At     int64

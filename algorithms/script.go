@@ -64,6 +64,13 @@ type OpClaim struct {
 	RecentKey string
 }
 
+// Remind has a book note its turn in a sorted set, in the same run: Member
+// scored Lead µs before the turn, if the turn is more than After µs away.
+type Remind struct {
+	Key, Member string // Key in the claims' slot
+	Lead, After int64
+}
+
 // Op is one run of the book script and, once run, its outcome.
 type Op struct {
 	Now       int64 // µs, or Now for Redis TIME
@@ -75,6 +82,7 @@ type Op struct {
 	Late      int64 // book: how long after its instant a kept turn is still given (µs; < 0: however long)
 	Slack     int64 // µs added to every TTL the script sets
 	Claims    []OpClaim
+	Remind    *Remind // book: where to note the turn, or nil
 
 	Result Booking
 	Err    error
@@ -91,6 +99,9 @@ func (op *Op) keys() []string {
 			recent = c.Aux // the same: nothing counted
 		}
 		keys = append(keys, c.Key, c.Aux, kept, recent)
+	}
+	if op.Remind != nil {
+		keys = append(keys, op.Remind.Key)
 	}
 	return keys
 }
@@ -113,6 +124,9 @@ func (op *Op) args() []any {
 	for _, c := range op.Claims {
 		p := c.Params
 		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack, c.ID, c.Member)
+	}
+	if r := op.Remind; r != nil {
+		args = append(args, r.Member, r.Lead, r.After)
 	}
 	return args
 }
@@ -147,7 +161,7 @@ func (op *Op) finish(cmd *redis.Cmd) {
 		}
 		ints = append(ints, n)
 	}
-	b := Booking{OK: ints[0] >= 1, Kept: ints[0] == 2, Now: ints[1], At: ints[2], Claims: make([]Counted, len(op.Claims))}
+	b := Booking{OK: ints[0] >= 1, Kept: ints[0] == 2, Reminded: ints[0] == 3, Now: ints[1], At: ints[2], Claims: make([]Counted, len(op.Claims))}
 	for i := range b.Claims {
 		v := ints[3+3*i:]
 		b.Claims[i] = Counted{Remaining: v[0], RetryAfter: v[1], ResetAfter: v[2], Pieces: pieces[i]}

@@ -32,6 +32,9 @@ type booking struct {
 	// line, if not nil: the task's key holds its fair share of the drain;
 	// the task waits in its key's line.
 	line *lineSpot
+	// noted: its turn is too far to wait for in the worker, and the
+	// booking noted it in the wake set already: it goes back to Redis.
+	noted bool
 }
 
 // bookingID names a task's turns in the limiters: the same for the task
@@ -89,7 +92,15 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	}
 	s.metrics.bookings.WithLabelValues(queue).Inc()
 	start := time.Now()
-	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, gs.cfg.Worker.ReserveMax, throttle.MaxLate(lateTolerance))
+	opts := []throttle.BookOption{throttle.MaxLate(lateTolerance)}
+	if !exhausted(ctx) {
+		// A turn too far to wait for here is noted in the wake set by the
+		// booking itself: the task goes back to Redis for it without
+		// another script run. (One with no retry left goes back as a copy,
+		// noted under the copy's id.)
+		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], id, requeueLead, s.holdsUpTo(ctx, gs, queue)))
+	}
+	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, gs.cfg.Worker.ReserveMax, opts...)
 	elapsed := time.Since(start).Seconds()
 	for _, c := range claims {
 		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
@@ -158,7 +169,7 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	// The wait is the script's own, from when its answer came: no clock but
 	// Redis's is involved (the answer's way back makes it a little late,
 	// never early).
-	return booking{claims: claims, turns: turns, ready: s.clock.Now().Add(bk.Delay), at: bk.At}, nil
+	return booking{claims: claims, turns: turns, ready: s.clock.Now().Add(bk.Delay), at: bk.At, noted: bk.Reminded}, nil
 }
 
 // claimsOf lists the claims a task makes, in order: its queue's drain,

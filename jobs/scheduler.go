@@ -245,6 +245,9 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		if wait <= 0 {
 			break
 		}
+		if b.noted {
+			return s.waitNoted(queue, wait-requeueLead)
+		}
 		switch s.hold(ctx, gs, queue, wait) {
 		case toRedis:
 			// Its turns stay kept under its booking ID: back for them just

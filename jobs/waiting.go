@@ -50,20 +50,11 @@ const (
 // have to be a copy, and its id and Unique lock would be free meanwhile.
 // A config with other limits ends the wait: the task books again.
 func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait time.Duration) holdResult {
-	longest := gs.cfg.Worker.HoldMax
-	if exhausted(ctx) {
-		longest = gs.cfg.Worker.ReserveMax
-	}
-	if deadline, ok := ctx.Deadline(); ok {
-		longest = min(longest, time.Until(deadline)-time.Second)
-	}
-	if wait > longest && wait > alwaysHold {
+	if wait > holdLongest(ctx, gs) && wait > alwaysHold {
 		return toRedis
 	}
-	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
-	holding := v.(*atomic.Int64)
-	limit := int64(max(1, gs.cfg.Worker.Waiting/2))
-	if holding.Add(1) > limit && wait > alwaysHold {
+	holding := s.holdingOf(queue)
+	if holding.Add(1) > holdRoom(gs) && wait > alwaysHold {
 		holding.Add(-1)
 		return toRedis
 	}
@@ -77,6 +68,38 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 		return limitsChanged
 	}
 	return held
+}
+
+// holdsUpTo is the longest wait a task of queue would hold for in this
+// worker now (see hold); one that must wait longer goes back to Redis.
+func (s *Scheduler) holdsUpTo(ctx context.Context, gs *gateSet, queue string) time.Duration {
+	if s.holdingOf(queue).Load() >= holdRoom(gs) {
+		return alwaysHold
+	}
+	return max(holdLongest(ctx, gs), alwaysHold)
+}
+
+// holdLongest is how long a task may wait in the worker, room allowing:
+// worker.hold_max, or worker.reserve_max for a task with no retry left, as
+// long as its deadline allows.
+func holdLongest(ctx context.Context, gs *gateSet) time.Duration {
+	longest := gs.cfg.Worker.HoldMax
+	if exhausted(ctx) {
+		longest = gs.cfg.Worker.ReserveMax
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		longest = min(longest, time.Until(deadline)-time.Second)
+	}
+	return longest
+}
+
+// holdRoom is how many tasks of one queue a worker holds at most: half of
+// worker.waiting.
+func holdRoom(gs *gateSet) int64 { return int64(max(1, gs.cfg.Worker.Waiting/2)) }
+
+func (s *Scheduler) holdingOf(queue string) *atomic.Int64 {
+	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
+	return v.(*atomic.Int64)
 }
 
 // exhausted reports whether the task has no retry left: asynq would archive
@@ -103,6 +126,14 @@ func (s *Scheduler) waitInRedis(ctx context.Context, t *asynq.Task, queue, id st
 // Redis for the time.
 func (s *Scheduler) waitForTurn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time) error {
 	return s.waitIn(ctx, t, queue, id, wait, at, nil)
+}
+
+// waitNoted is waitInRedis for a task that its booking noted in the wake
+// set already (throttle.Remind), due back in wait: it has a retry left.
+func (s *Scheduler) waitNoted(queue string, wait time.Duration) error {
+	s.lookSooner(queue, wait)
+	s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+	return &waitError{wait: wait}
 }
 
 // waitInLine is waitInRedis for a task whose key holds its fair share:

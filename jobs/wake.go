@@ -58,13 +58,21 @@ func (s *Scheduler) noteWake(ctx context.Context, queue, id string, wait time.Du
 		due = "@" + strconv.FormatInt(at.UnixMicro(), 10)
 	}
 	err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "note", id, due).Err()
-	if next, ok := s.wakerOf.Load(queue); ok && err == nil && s.clock.Now().Add(wait).Before(next.(time.Time)) {
+	if err == nil {
+		s.lookSooner(queue, wait)
+	}
+	return err
+}
+
+// lookSooner tells this worker's waker of a task of queue noted due in
+// wait, if it would otherwise look too late for it.
+func (s *Scheduler) lookSooner(queue string, wait time.Duration) {
+	if next, ok := s.wakerOf.Load(queue); ok && s.clock.Now().Add(wait).Before(next.(time.Time)) {
 		select {
 		case s.lookNow <- struct{}{}:
 		default:
 		}
 	}
-	return err
 }
 
 // scriptNow is the clock a script reads: Redis's own, or the injected one.

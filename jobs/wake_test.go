@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -374,5 +375,61 @@ func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 			_ = c.ProcessHook(func(context.Context, redis.Cmder) error { return nil })(ctx, cmd)
 		}
 		return next(ctx, cmds)
+	}
+}
+
+// TestBookingNotesWaitingTask (issue 12, one trip per waiting task): a
+// task whose turn is too far to wait for in the worker is noted in the
+// wake set by its booking's own script run, not by a second one; it comes
+// back on time and runs once.
+func TestBookingNotesWaitingTask(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	rdb := redistest.Client(t)
+	notes := &scriptCalls{op: "note"}
+	rdb.AddHook(notes)
+	s := newScheduler(t, rdb, Config{
+		Worker: WorkerConfig{Concurrency: 10, HoldMax: time.Nanosecond},
+		Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Limit: 10, Period: time.Second, Burst: 1}}},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	var ran sync.Map
+	mux := asynq.NewServeMux()
+	mux.Use(s.Middleware)
+	mux.HandleFunc("test:record", func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if _, again := ran.LoadOrStore(id, time.Now()); again {
+			t.Errorf("task %s ran twice", id)
+		}
+		return nil
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	// At 10/s, the tasks after the first few have turns further than a
+	// worker holds for (alwaysHold): they wait in Redis.
+	const n = 12
+	for i := range n {
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprint("t", i)), asynq.MaxRetry(5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.WaitFor(t, 10*time.Second, "every task to run", func() bool {
+		count := 0
+		ran.Range(func(any, any) bool { count++; return true })
+		return count == n
+	})
+	requeued := testutil.ToFloat64(s.metrics.throttled.WithLabelValues(queue, "requeued"))
+	t.Logf("%d tasks, %.0f waited in Redis, %d separate notes", n, requeued, notes.count.Load())
+	if requeued < n/2 {
+		t.Fatalf("%.0f of %d tasks waited in Redis, want at least %d: the test shows nothing", requeued, n, n/2)
+	}
+	if got := notes.count.Load(); got != 0 {
+		t.Errorf("%d notes in the wake set by a script run of their own, want none: each booking notes its task", got)
 	}
 }

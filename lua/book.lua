@@ -20,8 +20,13 @@
 -- ARGV[9 + 9(i-1) ...] -> claim i: algorithm, limit, period, burst,
 --            windows, n, pieces to give back first ('' for none), ID ('' for
 --            none), member (fair_share: the key value; '' otherwise)
+-- KEYS[4n+1], ARGV[9 + 9n ...] -> book, optional (a remind): a sorted set
+--            in the same slot, a member, a lead and a wait (µs): a turn
+--            booked more than the wait away is noted there, the member
+--            scored the lead before the turn
 -- Output  -> {ok (1: booked, 2: given the turns kept under the claims' IDs,
---            0: not), now, at, then per claim: remaining, retry_after,
+--            3: booked and noted as the remind asked, 0: not), now, at,
+--            then per claim: remaining, retry_after,
 --            reset_after, pieces}; times in µs, relative to now but now and
 --            at. book: at is the turn, or the earliest instant found at
 --            which all would fit. peek: retry_after is how long the key is
@@ -204,6 +209,11 @@ if not settled or at - now > max_wait or (exact and at ~= start) then
 end
 
 reply[1] = 1
+local remind = 9 + 9 * #claims
+if ARGV[remind] and at - now > tonumber(ARGV[remind + 2]) then
+  redis.call('ZADD', KEYS[4 * #claims + 1], at - tonumber(ARGV[remind + 1]), ARGV[remind])
+  reply[1] = 3
+end
 for _, c in ipairs(claims) do
   local pieces = c.g.record(at)
   append(reply, c.g.room(at), 0, at - now + c.g.reset_after(at), pieces)

@@ -41,6 +41,20 @@ func MaxLate(d time.Duration) BookOption {
 	return func(b *booker) { b.late = max(0, d.Microseconds()) }
 }
 
+// Remind has an OK Book whose turn is more than after away note it in the
+// sorted set key, in the same script run as the booking: member, scored
+// lead before the turn (µs on the limiters' clock). For callers that keep
+// a schedule of who is due back when, without a second round trip (sluice
+// notes there the tasks that go back to Redis to wait for their turns).
+// It is done only where the booking is one script run on the server, and
+// the cluster slot, that key is in (on a single Redis server: whenever the
+// limiters are on it); Booking.Reminded says whether it was.
+func Remind(key, member string, lead, after time.Duration) BookOption {
+	return func(b *booker) {
+		b.remind = &algorithms.Remind{Key: key, Member: member, Lead: lead.Microseconds(), After: max(0, after.Microseconds())}
+	}
+}
+
 // Booking is the answer to Book.
 //
 // Booking a task on a queue's drain of 25/s (burst 1) that has just given
@@ -52,6 +66,8 @@ type Booking struct {
 	// Kept: the turns are those the claims kept under their IDs (see
 	// Claim.ID), counted before; this Book counted nothing.
 	Kept bool
+	// Reminded: the turn was noted as Remind asked.
+	Reminded bool
 	// At is when the events are counted, on the limiters' clock.
 	At time.Time
 	// Delay is, when OK, how long from now until At; when not OK, how long
@@ -136,6 +152,8 @@ type limiter interface {
 // site decides the claims of one step atomically.
 type site interface {
 	run(ctx context.Context, s *step) error
+	// reaches reports whether a step's script run can write key too.
+	reaches(key string) bool
 }
 
 // part is one claim on the limiter that decides it.
@@ -154,12 +172,13 @@ type part struct {
 type step struct {
 	op        string // algorithms.OpBook, OpCancel, OpBlock or OpPeek
 	parts     []*part
-	notBefore int64    // book: µs; block: the block's length
-	ahead     int64    // book: > 0: not before now + ahead µs on the site's clock instead
-	maxWait   int64    // book
-	exact     bool     // book
-	late      int64    // book: see MaxLate
-	giveBack  []string // per part, or nil
+	notBefore int64              // book: µs; block: the block's length
+	ahead     int64              // book: > 0: not before now + ahead µs on the site's clock instead
+	maxWait   int64              // book
+	exact     bool               // book
+	late      int64              // book: see MaxLate
+	giveBack  []string           // per part, or nil
+	remind    *algorithms.Remind // book: see Remind
 	out       algorithms.Booking
 }
 
@@ -260,7 +279,8 @@ type booker struct {
 	ahead     int64 // > 0: not before the limiters' now + ahead µs, instead of notBefore
 	maxWait   int64
 	late      int64
-	moving    time.Time // when the latest round that moved turns began
+	remind    *algorithms.Remind // see Remind
+	moving    time.Time          // when the latest round that moved turns began
 }
 
 // maxID bounds Claim.ID: it becomes part of a key.
@@ -282,6 +302,9 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 				}
 				break
 			}
+		}
+		if b.remind != nil && len(groups) == 1 && g.site.reaches(b.remind.Key) {
+			s.remind = b.remind
 		}
 		return s
 	}
@@ -473,6 +496,7 @@ func (b *booker) success(groups []*group, at int64) Booking {
 		}
 	}
 	bk.Kept = decided && kept
+	bk.Reminded = len(groups) == 1 && groups[0].out.Reminded
 	for _, g := range groups {
 		for i, p := range g.parts {
 			c := g.out.Claims[i]

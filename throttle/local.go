@@ -147,6 +147,8 @@ func keep(e *localEntry, id string, now, at int64, c algorithms.Counted, late in
 // keys' shards, taken in one order so that callers never deadlock.
 type localSite struct{}
 
+func (localSite) reaches(string) bool { return false }
+
 func (localSite) run(_ context.Context, st *step) error {
 	type lock struct {
 		lim   *localLimiter

@@ -92,9 +92,13 @@ type redisSite struct {
 	slot  int
 }
 
+func (s redisSite) reaches(key string) bool {
+	return s.slot < 0 || s.slot == keySlot(key)
+}
+
 func (s redisSite) run(ctx context.Context, st *step) error {
 	first := st.parts[0].lim.(*redisLimiter)
-	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late}
+	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late, Remind: st.remind}
 	if first.clock != nil {
 		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}

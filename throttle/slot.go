@@ -1,5 +1,7 @@
 package throttle
 
+import "strings"
+
 // slotOf is the Redis Cluster slot of a key whose hash tag is tag: CRC16
 // (XMODEM) of the tag, modulo 16384, as the cluster specification defines
 // it. Book uses it to tell which claims one script can decide together.
@@ -16,4 +18,16 @@ func slotOf(tag string) int {
 		}
 	}
 	return int(crc) % 16384
+}
+
+// keySlot is the Redis Cluster slot of the Redis key key: of its hash tag,
+// the bytes between its first '{' and the next '}' if there are any, else
+// of the whole key.
+func keySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			return slotOf(key[open+1 : open+1+n])
+		}
+	}
+	return slotOf(key)
 }
