@@ -151,7 +151,7 @@ func commandsPerTask(ctx context.Context, b *bench, opt asynq.RedisClientOpt, fa
 		{"drain 50/s burst 1, concurrency 40, worker.hold_max 1ns: tasks wait in Redis", drain(50, 40, 2, time.Nanosecond), 400},
 	}
 	fmt.Fprintf(b.out, `
-Redis commands per completed task, from INFO commandstats before and after each run (it counts the commands asynq's and sluice's scripts run, and everything the asynq server does meanwhile: heartbeats, the forwarder every 100ms, polls of an empty queue, sluice's waker), one asynq server of concurrency 20 unless the row says. What a server does meanwhile grows with the run's length, not with its tasks, so a slow run (a drain of 50/s) pays more of it per task: "idle" is what the same server, on the same config, runs in the same time with no task at all (measured right after), and "net" is the rest, per task:
+Redis commands per completed task, from INFO commandstats before and after each run (it counts the commands asynq's and sluice's scripts run, and everything the asynq server does meanwhile: heartbeats, the forwarder (every second with sluice, asynq's default of 5s plain), polls of an empty queue, sluice's waker), one asynq server of concurrency 20 unless the row says. What a server does meanwhile grows with the run's length, not with its tasks, so a slow run (a drain of 50/s) pays more of it per task: "idle" is what the same server, on the same config, runs in the same time with no task at all (measured right after), and "net" is the rest, per task:
 
 | worker | tasks | seconds | commands per task | ratio to plain asynq | idle per task | net per task | net ratio to plain asynq | requeued per task |
 |---|--:|--:|--:|--:|--:|--:|--:|--:|
