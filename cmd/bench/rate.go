@@ -25,8 +25,9 @@ import (
 // rateWorkers is how many worker processes drain the queue.
 const rateWorkers = 4
 
-// rateSeconds is how long each rate is held: the tasks are rate × it.
-const rateSeconds = 6
+// rateSeconds is how long each rate is held: the tasks are rate × it. The
+// issue asks for 10 s within 2%, counted after the first second.
+const rateSeconds = 11
 
 // runRate finds the highest rate one queue drains at within 2% on this
 // machine: the real worker binary, built for the run, in rateWorkers
@@ -51,7 +52,7 @@ func runRate(ctx context.Context, b *bench) error {
 	fmt.Fprintf(b.out, `
 ### one queue at high rates
 
-%d worker processes (the real binary, built for the run; concurrency 50 each) drain one queue of http:request tasks, half with MaxRetry 0, loaded before they start, through a leaky bucket of burst 1 at each rate for about %d s, to a local server that notes when each request arrives. Achieved: the requests over the time from the first to the last; after the first second: the same from one second after the first request, once the workers have booked the backlog (each task books its turn as soon as a worker takes it, and most go back to Redis to wait for it: the first second spends much of the machine on that). Within 2%%: after the first second, and no second above the rate + 2%%. CPU per task: the workers' (user + system, from their exit), redis-server's (INFO cpu) and the API server's and bench's own (this process), over the run.
+%d worker processes (the real binary, built for the run; concurrency 50 each) drain one queue of http:request tasks, half with MaxRetry 0, loaded before they start, through a leaky bucket of burst 1 at each rate for about %d s (10 s after the first second), to a local server that notes when each request arrives. Achieved: the requests over the time from the first to the last; after the first second: the same from one second after the first request, once the workers have booked the backlog (each task books its turn as soon as a worker takes it, and most go back to Redis to wait for it: the first second spends much of the machine on that). Within 2%%: after the first second, and no second above the rate + 2%%. CPU per task: the workers' (user + system, from their exit), redis-server's (INFO cpu) and the API server's and bench's own (this process), over the run.
 
 | drain | achieved | after the first second | within 2%% | most in any second | worker CPU µs/task | Redis CPU µs/task | API + bench CPU µs/task | CPU used of %d cores |
 |--:|--:|--:|:-:|--:|--:|--:|--:|--:|
