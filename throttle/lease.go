@@ -28,7 +28,8 @@ import (
 //
 // Only buckets (token_bucket, leaky_bucket) can lend events ahead, and only
 // with room for a lease's span and events in their window: a burst of 1
-// cannot (its events must be exactly Period/Limit apart).
+// cannot (its events must be exactly Period/Limit apart). A pool needs room
+// for 2 takes a lease: a lease of one would save no round trip.
 type Pool struct {
 	claims []Claim
 	span   time.Duration // how long a lease's events may be taken
@@ -65,7 +66,8 @@ var ErrNoLease = errors.New("throttle: these limits cannot lend events ahead")
 // NewPool returns a Pool for claims. A lease's events may be taken for up to
 // half the smallest bucket window of the claims (Burst · Period / Limit), at
 // most maxSpan. It fails with ErrNoLease if a claim's limiter is not a
-// bucket, or a bucket's window leaves no room for a lease.
+// bucket, or a bucket's window leaves room for fewer than 2 takes in a
+// lease.
 func NewPool(claims []Claim) (*Pool, error) {
 	parts, err := partsOf(claims)
 	if err != nil {
@@ -90,8 +92,10 @@ func NewPool(claims []Claim) (*Pool, error) {
 		window := c.params.Burst * c.params.Period / c.params.Limit
 		most = min(most, int((window-span)*c.params.Limit/c.params.Period/p.n))
 	}
-	if most < 1 {
-		return nil, fmt.Errorf("%w: no event fits in a lease", ErrNoLease)
+	// A lease of one take is a round trip per take, as a Book is, with
+	// its event held a span ahead.
+	if most < 2 {
+		return nil, fmt.Errorf("%w: a lease holds %d takes, fewer than 2", ErrNoLease, max(most, 0))
 	}
 	return &Pool{claims: claims, span: micros(span), most: most, size: min(firstLease, most)}, nil
 }

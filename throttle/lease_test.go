@@ -117,13 +117,20 @@ func TestPoolLendsExactly(t *testing.T) {
 }
 
 // TestPoolNeedsRoom: a leaky bucket of burst 1 spaces events exactly: it
-// cannot lend any ahead, and NewPool says so.
+// cannot lend any ahead; a token bucket of 2/s burst 2 could lend one
+// event a lease, which saves no round trip (a lease is one, as a Book
+// is) and holds its event half a second ahead: NewPool says no to both.
 func TestPoolNeedsRoom(t *testing.T) {
-	lim, err := throttle.New(redistest.Client(t), throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 25, Period: time.Second, Burst: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "q", N: 1}}); !errors.Is(err, throttle.ErrNoLease) {
-		t.Fatalf("NewPool on a burst of 1: %v, want ErrNoLease", err)
+	for _, spec := range []throttle.Spec{
+		{Algorithm: throttle.LeakyBucket, Limit: 25, Period: time.Second, Burst: 1},
+		{Algorithm: throttle.TokenBucket, Limit: 2, Period: time.Second, Burst: 2},
+	} {
+		lim, err := throttle.New(redistest.Client(t), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "q", N: 1}}); !errors.Is(err, throttle.ErrNoLease) {
+			t.Errorf("NewPool on %d/%v burst %d: %v, want ErrNoLease", spec.Limit, spec.Period, spec.Burst, err)
+		}
 	}
 }
