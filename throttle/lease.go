@@ -124,13 +124,7 @@ func (p *Pool) Take(ctx context.Context) (bool, error) {
 			l.taken++
 			return true, nil
 		}
-		// The next lease is sized to what this one served: twice as large
-		// when it was spent before its span ended.
-		if l.taken == l.k && now.Before(l.to) {
-			p.size = min(2*p.size, p.most)
-		} else {
-			p.size = max(1, min(l.taken+l.taken/4, p.most))
-		}
+		p.sizeAfter(l, now)
 		p.end(ctx, l)
 	}
 	if now.Before(p.restUntil) {
@@ -196,9 +190,22 @@ func (p *Pool) book(ctx context.Context) (*lease, error) {
 	l.giveBack = time.AfterFunc(time.Until(l.to), func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		if p.lease == l {
+			p.sizeAfter(l, time.Now())
+		}
 		p.end(context.Background(), l)
 	})
 	return l, nil
+}
+
+// sizeAfter sizes the next lease to what l served: twice as large when it
+// was spent before its span ended.
+func (p *Pool) sizeAfter(l *lease, now time.Time) {
+	if l.taken == l.k && now.Before(l.to) {
+		p.size = min(2*p.size, p.most)
+	} else {
+		p.size = max(1, min(l.taken+l.taken/4, p.most))
+	}
 }
 
 // rest makes the pool book event by event for a while, with smaller
