@@ -211,32 +211,28 @@ func (s *Scheduler) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
 	return DefaultKey
 }
 
-// lent gives a task that never booked before a turn lent by its gates' pool
-// (throttle.Pool): most tasks of gates far from their limits go without a
-// round trip to Redis. A task back from Redis books: it may hold turns under
-// its booking ID. A pool that cannot lend now (its gates near their limits,
-// or Redis failing) leaves the task to book. Keyed gates and queues with
-// fairness book every task: a pool per key value would be unbounded.
+// lent gives a task that never booked before a turn lent by its gates'
+// pool (throttle.Pool): most tasks of gates far from their limits go
+// without a round trip to Redis. A keyed gate's pool is its task's key
+// value's: the values with tasks often enough to use a lease (see
+// maxKeyedPools) lend as an unkeyed gate does. A task back from Redis
+// books: it may hold turns under its booking ID. A pool that cannot lend
+// now (its gates near their limits, or Redis failing) leaves the task to
+// book. Queues with fairness book every task: a fair share is counted task
+// by task.
 func (s *Scheduler) lent(ctx context.Context, gs *gateSet, queue string, claims []claim, cost int, t *asynq.Task) (booking, bool) {
 	if !fresh(ctx, t) || gs.fair[queue] != nil {
 		return booking{}, false
 	}
-	gates := make([]*gate, len(claims))
-	for i, c := range claims {
-		if c.g.expr != nil {
-			return booking{}, false
-		}
-		gates[i] = c.g
-	}
-	pool := gs.poolOf(gates, cost)
+	pool := gs.poolOf(claims, cost)
 	if pool == nil {
 		return booking{}, false
 	}
 	if ok, err := pool.Take(ctx); err != nil || !ok {
 		return booking{}, false
 	}
-	for _, g := range gates {
-		s.metrics.decisions.WithLabelValues(g.name, "lent").Inc()
+	for _, c := range claims {
+		s.metrics.decisions.WithLabelValues(c.g.name, "lent").Inc()
 	}
 	// A lent turn cannot be given back alone: a task that does not use it
 	// leaves it counted (see giveBack).

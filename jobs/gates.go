@@ -27,6 +27,9 @@ type gateSet struct {
 	lend     bool                 // pools may lend turns (not on a test's clock)
 	replaced chan struct{}        // closed when a config with other limits replaces this one
 	pools    sync.Map             // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
+	// keyedPools are the pools of sets of gates with a keyed one: per key
+	// values too, so bounded.
+	keyedPools *keyedPools
 }
 
 // gate is one rate limit: a limiter on Redis that applies its own failure
@@ -64,7 +67,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
-		lend: o.clock == nil, replaced: make(chan struct{})}
+		lend: o.clock == nil, replaced: make(chan struct{}), keyedPools: newKeyedPools(maxKeyedPools)}
 	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
 	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
 		// A changed limit starts from a fresh state under a new version: the
@@ -214,31 +217,45 @@ func (gs *gateSet) gatesOf(queue, typ string) []*gate {
 	return append(gates, gs.quotasOf(typ)...)
 }
 
-// poolOf returns the pool that lends turns on gates at cost each, or nil
+// poolOf returns the pool that lends turns on claims at cost each, or nil
 // if they cannot lend (a gate is not a bucket, or one with too little room
 // for a lease: see throttle.NewPool). Pools are per set of gates, so there
-// are at most as many as the config has queue and task type pairs.
-func (gs *gateSet) poolOf(gates []*gate, cost int) *throttle.Pool {
+// are at most as many as the config has queue and task type pairs; with a
+// keyed gate, per key value too, and at most maxKeyedPools of those.
+func (gs *gateSet) poolOf(claims []claim, cost int) *throttle.Pool {
 	if !gs.lend {
 		return nil
 	}
 	var key strings.Builder
-	for _, g := range gates {
-		key.WriteString(g.tag)
+	keyed := false
+	for _, c := range claims {
+		key.WriteString(c.g.tag)
+		if c.g.expr != nil {
+			// The value's length first: no value runs into the next.
+			keyed = true
+			fmt.Fprintf(&key, " %d:%s", len(c.key), c.key)
+		}
 		key.WriteByte(' ')
 	}
 	fmt.Fprint(&key, cost)
+	newPool := func() *throttle.Pool {
+		poolClaims := make([]throttle.Claim, len(claims))
+		for i, c := range claims {
+			poolClaims[i] = throttle.Claim{Limiter: c.lim, Key: c.key, N: cost}
+		}
+		p, err := throttle.NewPool(poolClaims)
+		if err != nil {
+			return nil // these gates book every task
+		}
+		return p
+	}
+	if keyed {
+		return gs.keyedPools.get(key.String(), newPool)
+	}
 	if p, ok := gs.pools.Load(key.String()); ok {
 		return p.(*throttle.Pool)
 	}
-	claims := make([]throttle.Claim, len(gates))
-	for i, g := range gates {
-		claims[i] = throttle.Claim{Limiter: g.lim, Key: g.key, N: cost}
-	}
-	p, err := throttle.NewPool(claims)
-	if err != nil {
-		p = nil // these gates book every task
-	}
+	p := newPool()
 	if was, loaded := gs.pools.LoadOrStore(key.String(), p); loaded {
 		return was.(*throttle.Pool)
 	}
@@ -253,6 +270,7 @@ func (gs *gateSet) close() {
 		}
 		return true
 	})
+	gs.keyedPools.close()
 }
 
 func (gs *gateSet) quotasOf(typ string) []*gate {

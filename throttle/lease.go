@@ -28,7 +28,8 @@ import (
 //
 // Only buckets (token_bucket, leaky_bucket) can lend events ahead, and only
 // with room for a lease's span and events in their window: a burst of 1
-// cannot (its events must be exactly Period/Limit apart).
+// cannot (its events must be exactly Period/Limit apart). A pool needs room
+// for 2 takes a lease: a lease of one would save no round trip.
 type Pool struct {
 	claims []Claim
 	span   time.Duration // how long a lease's events may be taken
@@ -65,7 +66,8 @@ var ErrNoLease = errors.New("throttle: these limits cannot lend events ahead")
 // NewPool returns a Pool for claims. A lease's events may be taken for up to
 // half the smallest bucket window of the claims (Burst · Period / Limit), at
 // most maxSpan. It fails with ErrNoLease if a claim's limiter is not a
-// bucket, or a bucket's window leaves no room for a lease.
+// bucket, or a bucket's window leaves room for fewer than 2 takes in a
+// lease.
 func NewPool(claims []Claim) (*Pool, error) {
 	parts, err := partsOf(claims)
 	if err != nil {
@@ -90,8 +92,10 @@ func NewPool(claims []Claim) (*Pool, error) {
 		window := c.params.Burst * c.params.Period / c.params.Limit
 		most = min(most, int((window-span)*c.params.Limit/c.params.Period/p.n))
 	}
-	if most < 1 {
-		return nil, fmt.Errorf("%w: no event fits in a lease", ErrNoLease)
+	// A lease of one take is a round trip per take, as a Book is, with
+	// its event held a span ahead.
+	if most < 2 {
+		return nil, fmt.Errorf("%w: a lease holds %d takes, fewer than 2", ErrNoLease, max(most, 0))
 	}
 	return &Pool{claims: claims, span: micros(span), most: most, size: min(firstLease, most)}, nil
 }
@@ -120,13 +124,7 @@ func (p *Pool) Take(ctx context.Context) (bool, error) {
 			l.taken++
 			return true, nil
 		}
-		// The next lease is sized to what this one served: twice as large
-		// when it was spent before its span ended.
-		if l.taken == l.k && now.Before(l.to) {
-			p.size = min(2*p.size, p.most)
-		} else {
-			p.size = max(1, min(l.taken+l.taken/4, p.most))
-		}
+		p.sizeAfter(l, now)
 		p.end(ctx, l)
 	}
 	if now.Before(p.restUntil) {
@@ -192,9 +190,22 @@ func (p *Pool) book(ctx context.Context) (*lease, error) {
 	l.giveBack = time.AfterFunc(time.Until(l.to), func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		if p.lease == l {
+			p.sizeAfter(l, time.Now())
+		}
 		p.end(context.Background(), l)
 	})
 	return l, nil
+}
+
+// sizeAfter sizes the next lease to what l served: twice as large when it
+// was spent before its span ended.
+func (p *Pool) sizeAfter(l *lease, now time.Time) {
+	if l.taken == l.k && now.Before(l.to) {
+		p.size = min(2*p.size, p.most)
+	} else {
+		p.size = max(1, min(l.taken+l.taken/4, p.most))
+	}
 }
 
 // rest makes the pool book event by event for a while, with smaller

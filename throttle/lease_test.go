@@ -116,14 +116,56 @@ func TestPoolLendsExactly(t *testing.T) {
 	}
 }
 
-// TestPoolNeedsRoom: a leaky bucket of burst 1 spaces events exactly: it
-// cannot lend any ahead, and NewPool says so.
-func TestPoolNeedsRoom(t *testing.T) {
-	lim, err := throttle.New(redistest.Client(t), throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 25, Period: time.Second, Burst: 1})
+// TestPoolSizesToUse: a pool whose leases end by their span (20ms here,
+// half the bucket's window), 3 takes used of each, leases 3 next, not the
+// first lease's 8: a lease that hands out all it holds gives nothing back,
+// so 20 such rounds cost about one Redis command each, where leases of 8
+// cost two (the lease and its tail given back).
+func TestPoolSizesToUse(t *testing.T) {
+	rdb := redistest.Client(t)
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 1000, Period: time.Second, Burst: 40},
+		throttle.WithPrefix(redistest.Prefix(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "q", N: 1}}); !errors.Is(err, throttle.ErrNoLease) {
-		t.Fatalf("NewPool on a burst of 1: %v, want ErrNoLease", err)
+	pool, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "k", N: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const rounds = 20
+	for range rounds {
+		for range 3 {
+			if ok, err := pool.Take(context.Background()); !ok || err != nil {
+				t.Fatalf("Take = %v, %v; want a lent event, far below the limit", ok, err)
+			}
+		}
+		time.Sleep(60 * time.Millisecond) // the lease's span ends
+	}
+	hook.mu.Lock()
+	defer hook.mu.Unlock()
+	if most := rounds + rounds/4; hook.calls > most {
+		t.Errorf("%d rounds of 3 takes cost %d Redis commands, want at most %d: leases are not sized to what the last one served", rounds, hook.calls, most)
+	}
+}
+
+// TestPoolNeedsRoom: a leaky bucket of burst 1 spaces events exactly: it
+// cannot lend any ahead; a token bucket of 2/s burst 2 could lend one
+// event a lease, which saves no round trip (a lease is one, as a Book
+// is) and holds its event half a second ahead: NewPool says no to both.
+func TestPoolNeedsRoom(t *testing.T) {
+	for _, spec := range []throttle.Spec{
+		{Algorithm: throttle.LeakyBucket, Limit: 25, Period: time.Second, Burst: 1},
+		{Algorithm: throttle.TokenBucket, Limit: 2, Period: time.Second, Burst: 2},
+	} {
+		lim, err := throttle.New(redistest.Client(t), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "q", N: 1}}); !errors.Is(err, throttle.ErrNoLease) {
+			t.Errorf("NewPool on %d/%v burst %d: %v, want ErrNoLease", spec.Limit, spec.Period, spec.Burst, err)
+		}
 	}
 }

@@ -109,7 +109,7 @@ func keyedQuota(ctx context.Context, b *bench, opt asynq.RedisClientOpt, queue s
 	}
 	plain, unkeyed := rates["plain asynq"], rates["quota"]
 	fmt.Fprintf(b.out, `
-A quota keyed by the task (key: payload.k, %s values spread evenly over the tasks, each value's limit far above its load) beside the same quota unkeyed, on the same %d tasks, no drain. The unkeyed quota lends its turns from leases (throttle.Pool); a keyed one books each task's turn on its key value with one script call (a pool per key value would be unbounded). Median of %d rounds, rows interleaved.
+A quota keyed by the task (key: payload.k, %s values spread evenly over the tasks, each value's limit far above its load) beside the same quota unkeyed, on the same %d tasks, no drain. Both lend their turns from leases (throttle.Pool): the unkeyed quota from one pool, the keyed one from a pool per key value (at most 4,096 kept, the least recently used given back). A value's lease serves only that value's tasks within its span (at most 500ms), a few at this load, so the keyed quota still makes a script call every few tasks, where the unkeyed one makes one per lease of up to 256 turns. Median of %d rounds, rows interleaved.
 
 | worker | tasks/s | ratio to plain asynq | ratio to the unkeyed quota |
 |---|--:|--:|--:|
