@@ -34,6 +34,9 @@ type Pool struct {
 	claims []Claim
 	span   time.Duration // how long a lease's events may be taken
 	most   int           // the largest lease, in takes
+	// kept: unused takes up to this many stay counted when a lease ends (a
+	// hundredth of the smallest burst): not worth a round trip.
+	kept int
 
 	mu        sync.Mutex
 	lease     *lease
@@ -97,7 +100,11 @@ func NewPool(claims []Claim) (*Pool, error) {
 	if most < 2 {
 		return nil, fmt.Errorf("%w: a lease holds %d takes, fewer than 2", ErrNoLease, max(most, 0))
 	}
-	return &Pool{claims: claims, span: micros(span), most: most, size: min(firstLease, most)}, nil
+	kept := maxLease
+	for _, p := range parts {
+		kept = min(kept, int(p.lim.compiled().params.Burst/100/p.n))
+	}
+	return &Pool{claims: claims, span: micros(span), most: most, kept: kept, size: min(firstLease, most)}, nil
 }
 
 // A lease's span: long enough that a lease serves many callers, short
@@ -228,9 +235,9 @@ func (p *Pool) end(ctx context.Context, l *lease) {
 		l.giveBack.Stop()
 	}
 	// A few events are not worth a round trip: they stay counted, under-use
-	// of at most a tenth of a lease.
+	// of at most a tenth of a lease or a hundredth of a bucket's burst.
 	unused := l.k - l.taken
-	if unused <= l.k/10 {
+	if unused <= max(l.k/10, p.kept) {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)

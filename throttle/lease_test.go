@@ -3,37 +3,47 @@ package throttle_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/throttle"
 )
 
 // countingHook counts the script calls a client sends.
 type countingHook struct {
-	mu    sync.Mutex
-	calls int
+	mu      sync.Mutex
+	calls   int
+	cancels int // book script runs that give back (op cancel)
 }
 
 func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		h.calls++
-		h.mu.Unlock()
+		h.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.mu.Lock()
-		h.calls += len(cmds)
-		h.mu.Unlock()
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
 		return next(ctx, cmds)
+	}
+}
+
+func (h *countingHook) count(cmd redis.Cmder) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls++
+	if slices.Contains(cmd.Args(), any(algorithms.OpCancel)) {
+		h.cancels++
 	}
 }
 
@@ -166,6 +176,50 @@ func TestPoolNeedsRoom(t *testing.T) {
 		}
 		if _, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "q", N: 1}}); !errors.Is(err, throttle.ErrNoLease) {
 			t.Errorf("NewPool on %d/%v burst %d: %v, want ErrNoLease", spec.Limit, spec.Period, spec.Burst, err)
+		}
+	}
+}
+
+// TestPoolKeepsFewUnused: a lease's unused takes are given back when its
+// span ends (a round trip) only if they are worth it: more than a tenth of
+// the lease and more than a hundredth of the bucket's burst. Far from its
+// limit (burst 20,000), a load that leaves some of each lease unused costs
+// no give-back; near it (burst 40), the same load's are given back.
+func TestPoolKeepsFewUnused(t *testing.T) {
+	for _, c := range []struct {
+		burst    int
+		giveBack bool
+	}{{20_000, false}, {40, true}} {
+		rdb := redistest.Client(t)
+		hook := &countingHook{}
+		rdb.AddHook(hook)
+		// A window of 200ms either way (a span of 100ms).
+		lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 100 * c.burst, Period: 20 * time.Second, Burst: c.burst},
+			throttle.WithPrefix(redistest.Prefix(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "k", N: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Rounds of 6 takes and of 1: the leases sized to one round leave
+		// takes unused in the next.
+		for round := range 10 {
+			for range 1 + 5*(round%2) {
+				if ok, err := pool.Take(context.Background()); !ok || err != nil {
+					t.Fatalf("burst %d: Take = %v, %v; want a lent event, far below the limit", c.burst, ok, err)
+				}
+			}
+			time.Sleep(120 * time.Millisecond) // the lease's span ends
+		}
+		pool.Close()
+		hook.mu.Lock()
+		cancels := hook.cancels
+		hook.mu.Unlock()
+		t.Logf("burst %d: %d give-backs in 10 rounds", c.burst, cancels)
+		if gave := cancels > 0; gave != c.giveBack {
+			t.Errorf("burst %d: %d give-backs of unused takes; want any: %v", c.burst, cancels, c.giveBack)
 		}
 	}
 }
