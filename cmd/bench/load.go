@@ -27,22 +27,52 @@ type measurement struct {
 // a machine that slows down part-way hurts all of them alike, and returns
 // the median rate of each by name.
 func inRounds(ctx context.Context, b *bench, measurements []measurement) (map[string]float64, error) {
-	rates := map[string][]float64{}
-	for round := 1; round <= b.rounds; round++ {
-		for _, m := range measurements {
+	rounds, err := eachRound(ctx, b, b.rounds, measurements)
+	if err != nil {
+		return nil, err
+	}
+	medians := map[string]float64{}
+	for name, r := range rounds {
+		medians[name] = median(r)
+	}
+	return medians, nil
+}
+
+// roundRates are the rates of each measurement by name, one per round.
+type roundRates map[string][]float64
+
+// eachRound is inRounds for n rounds, with every round's rates. Every
+// other round runs the measurements in reverse order, so that none always
+// runs right after the same other.
+func eachRound(ctx context.Context, b *bench, n int, measurements []measurement) (roundRates, error) {
+	rates := roundRates{}
+	for round := 1; round <= n; round++ {
+		order := slices.Clone(measurements)
+		if round%2 == 0 {
+			slices.Reverse(order)
+		}
+		for _, m := range order {
 			rate, err := m.run(ctx)
 			if err != nil {
 				return nil, fmt.Errorf("%s, round %d: %w", m.name, round, err)
 			}
-			b.progress("round %d/%d: %s: %s/s", round, b.rounds, m.name, grouped(rate))
+			b.progress("round %d/%d: %s: %s/s", round, n, m.name, grouped(rate))
 			rates[m.name] = append(rates[m.name], rate)
 		}
 	}
-	medians := map[string]float64{}
-	for name, r := range rates {
-		medians[name] = median(r)
+	return rates, nil
+}
+
+// ratio compares measurement a with b round by round, each against the one
+// run right beside it: on a shared machine whose speed drifts, a round's
+// own ratio is steadier than a ratio of medians. It gives the median of
+// the rounds' ratios and the lowest and highest.
+func (r roundRates) ratio(a, b string) (mid, lo, hi float64) {
+	var ratios []float64
+	for i := range r[a] {
+		ratios = append(ratios, r[a][i]/r[b][i])
 	}
-	return medians, nil
+	return median(ratios), slices.Min(ratios), slices.Max(ratios)
 }
 
 func median(xs []float64) float64 {

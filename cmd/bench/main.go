@@ -7,7 +7,9 @@
 // The output is a list of sections, each a few tables with a note on what was
 // measured. Every throughput figure is the median of -rounds rounds, and in
 // each round every contender runs for -duration in turn, so a machine that
-// slows down part-way hurts all of them alike. Peers are measured in the same
+// slows down part-way hurts all of them alike. The worker sections, whose
+// runs are a few seconds of tasks each, take -worker-rounds rounds and give
+// each ratio as the median of the rounds' own ratios. Peers are measured in the same
 // run on the same server: compare rows within a table, not across machines.
 // Client, server and redis-benchmark share the machine's CPUs (see the
 // header), so absolute rates say more about the machine than about sluice.
@@ -45,6 +47,7 @@ type section struct {
 var sections = []section{
 	{"throttle", runThrottle},
 	{"worker", runWorker},
+	{"keyed", runKeyed},
 	{"enqueue", runEnqueue},
 	{"intake", runIntake},
 	{"rate", runRate},
@@ -57,8 +60,11 @@ type bench struct {
 	addr     string
 	duration time.Duration
 	rounds   int
-	runID    string
-	out      io.Writer // the Markdown
+	// workerRounds is rounds for the worker sections: their runs are
+	// short and this machine's speed drifts, so they take more.
+	workerRounds int
+	runID        string
+	out          io.Writer // the Markdown
 }
 
 // progress tells the person waiting what is happening, on stderr.
@@ -81,6 +87,7 @@ func run() error {
 	addr := flag.String("addr", os.Getenv("SLUICE_TEST_REDIS_ADDR"), "redis-server `host:port` (default $SLUICE_TEST_REDIS_ADDR)")
 	duration := flag.Duration("duration", 2*time.Second, "length of one measurement")
 	rounds := flag.Int("rounds", 3, "rounds per contender; the median is reported")
+	workerRounds := flag.Int("worker-rounds", 7, "rounds for the sections worker and keyed, whose runs are short")
 	only := flag.String("only", "", "run only the section `NAME`, one of "+strings.Join(names, ", "))
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to `FILE`")
 	flag.Parse()
@@ -105,6 +112,8 @@ func run() error {
 		return fmt.Errorf("-duration must be > 0, got %v", *duration)
 	case *rounds < 1:
 		return fmt.Errorf("-rounds must be >= 1, got %d", *rounds)
+	case *workerRounds < 1:
+		return fmt.Errorf("-worker-rounds must be >= 1, got %d", *workerRounds)
 	case *only != "" && !slices.Contains(names, *only):
 		return fmt.Errorf("-only %q: no such section; sections are %s", *only, strings.Join(names, ", "))
 	}
@@ -120,7 +129,7 @@ func run() error {
 	}
 	id := make([]byte, 4)
 	rand.Read(id)
-	b := &bench{rdb: rdb, addr: *addr, duration: *duration, rounds: *rounds, runID: "bench-" + hex.EncodeToString(id), out: os.Stdout}
+	b := &bench{rdb: rdb, addr: *addr, duration: *duration, rounds: *rounds, workerRounds: *workerRounds, runID: "bench-" + hex.EncodeToString(id), out: os.Stdout}
 	defer b.deleteKeys()
 
 	printHeader(b.out, infoField(info, "redis_version"))

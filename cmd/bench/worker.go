@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -37,36 +38,27 @@ func runWorker(ctx context.Context, b *bench) error {
 	drainOnly := cfg
 	drainOnly.Tasks = nil
 	opt := asynq.RedisClientOpt{Addr: b.addr}
-	measure := func(cfg *jobs.Config) func(ctx context.Context) (float64, error) {
-		return func(ctx context.Context) (float64, error) {
-			r, err := runNoops(ctx, b, opt, cfg, queue, workerTasks)
-			return r.rate, err
-		}
-	}
-	rates, err := inRounds(ctx, b, []measurement{
-		{"plain asynq", measure(nil)},
-		{"drain gate", measure(&drainOnly)},
-		{"drain gate + quota", measure(&cfg)},
+	costs := taskCosts{}
+	measure := costs.measure(b, opt, queue, newNoop)
+	rates, err := eachRound(ctx, b, b.workerRounds, []measurement{
+		measure("plain asynq", nil),
+		measure("drain gate", &drainOnly),
+		measure("drain gate + quota", &cfg),
 	})
 	if err != nil {
 		return err
 	}
-	plain := rates["plain asynq"]
 	fmt.Fprintf(b.out, `
 ### worker: what the gates cost
 
-%d demo:noop tasks enqueued up front, then drained by one in-process asynq server (concurrency 20) on the same redis-server: plain, and with sluice's Scheduler middleware whose gates (1,000,000/s) are far above the load, so every task passes at once. Tasks take their turns from leases (throttle.Pool): one script call books a batch of turns on all of a task's gates, a batch lasts at most 500ms, and what it did not hand out is given back. Median of %d rounds, rows interleaved.
+%s demo:noop tasks enqueued up front, then drained by one in-process asynq server (concurrency 20) on the same redis-server: plain, and with sluice's Scheduler middleware whose gates (1,000,000/s) are far above the load, so every task passes at once. Tasks take their turns from leases (throttle.Pool): one script call books a batch of turns on all of a task's gates, a batch lasts at most 500ms, and what it did not hand out is given back. %s
 
-| worker | tasks/s | ratio to plain asynq |
-|---|--:|--:|
-| plain asynq | %s | 1.00 |
-| asynq + sluice: drain gate | %s | %.2f |
-| asynq + sluice: drain gate + quota | %s | %.2f |
-`, workerTasks, b.rounds, grouped(plain),
-		grouped(rates["drain gate"]), rates["drain gate"]/plain,
-		grouped(rates["drain gate + quota"]), rates["drain gate + quota"]/plain)
-	if err := keyedQuota(ctx, b, opt, queue); err != nil {
-		return err
+| worker | tasks/s, median | CPU per task, median | ratio to plain asynq |
+|---|--:|--:|--:|
+| plain asynq | %s | %s | 1.00 |
+`, grouped(workerTasks), roundsNote(b), grouped(median(rates["plain asynq"])), costs.cpu("plain asynq"))
+	for _, row := range []string{"drain gate", "drain gate + quota"} {
+		fmt.Fprintf(b.out, "| asynq + sluice: %s | %s | %s | %s |\n", row, grouped(median(rates[row])), costs.cpu(row), ratioCell(rates, row, "plain asynq"))
 	}
 	return commandsPerTask(ctx, b, opt, cfg, queue)
 }
@@ -74,11 +66,12 @@ func runWorker(ctx context.Context, b *bench) error {
 // keyedValues is how many key values the keyed quota's tasks spread over.
 const keyedValues = 1000
 
-// keyedQuota measures a quota keyed by a field of the payload (1,000
-// values) beside the same quota unkeyed, on the same tasks, both far above
-// the load.
-func keyedQuota(ctx context.Context, b *bench, opt asynq.RedisClientOpt, queue string) error {
+// runKeyed measures a quota keyed by a field of the payload (1,000 values)
+// beside the same quota unkeyed, on the same tasks, both far above the load.
+func runKeyed(ctx context.Context, b *bench) error {
 	const typ = "bench:keyed"
+	queue := b.runID + "-keyed"
+	opt := asynq.RedisClientOpt{Addr: b.addr}
 	spec := jobs.LimitConfig{Limit: 1_000_000, Period: time.Second, Burst: 1_000_000}
 	keyed := spec
 	keyed.Key = "payload.k"
@@ -93,33 +86,77 @@ func keyedQuota(ctx context.Context, b *bench, opt asynq.RedisClientOpt, queue s
 	newTask := func(i int) *asynq.Task {
 		return asynq.NewTask(typ, fmt.Appendf(nil, `{"k": "v%d"}`, i%keyedValues))
 	}
-	measure := func(cfg *jobs.Config) func(ctx context.Context) (float64, error) {
-		return func(ctx context.Context) (float64, error) {
-			r, err := runTasks(ctx, b, opt, cfg, queue, workerTasks, newTask)
-			return r.rate, err
-		}
-	}
-	rates, err := inRounds(ctx, b, []measurement{
-		{"plain asynq", measure(nil)},
-		{"quota", measure(config(spec))},
-		{"keyed quota", measure(config(keyed))},
+	costs := taskCosts{}
+	measure := costs.measure(b, opt, queue, newTask)
+	rates, err := eachRound(ctx, b, b.workerRounds, []measurement{
+		measure("plain asynq", nil),
+		measure("quota", config(spec)),
+		measure("keyed quota", config(keyed)),
 	})
 	if err != nil {
 		return err
 	}
-	plain, unkeyed := rates["plain asynq"], rates["quota"]
 	fmt.Fprintf(b.out, `
-A quota keyed by the task (key: payload.k, %s values spread evenly over the tasks, each value's limit far above its load) beside the same quota unkeyed, on the same %d tasks, no drain. Both lend their turns from leases (throttle.Pool): the unkeyed quota from one pool, the keyed one from a pool per key value (at most 4,096 kept, the least recently used given back). A value's lease serves only that value's tasks within its span (at most 500ms), a few at this load, so the keyed quota still makes a script call every few tasks, where the unkeyed one makes one per lease of up to 256 turns. Median of %d rounds, rows interleaved.
+### keyed: a quota per key value
 
-| worker | tasks/s | ratio to plain asynq | ratio to the unkeyed quota |
-|---|--:|--:|--:|
-| plain asynq | %s | 1.00 | |
-| asynq + sluice: quota | %s | %.2f | 1.00 |
-| asynq + sluice: quota keyed over %s values | %s | %.2f | %.2f |
-`, grouped(keyedValues), workerTasks, b.rounds, grouped(plain),
-		grouped(unkeyed), unkeyed/plain,
-		grouped(keyedValues), grouped(rates["keyed quota"]), rates["keyed quota"]/plain, rates["keyed quota"]/unkeyed)
+A quota keyed by the task (key: payload.k, %s values spread evenly over the tasks, each value's limit far above its load) beside the same quota unkeyed, on the same %s tasks, no drain, one in-process asynq server (concurrency 20). Both lend their turns from leases (throttle.Pool): the unkeyed quota from one pool, the keyed one from a pool per key value (at most 4,096 kept, the least recently used given back). A value's lease serves only that value's tasks within its span (at most 500ms), a few at this load, so the keyed quota still makes a script call every few tasks, where the unkeyed one makes one per lease of up to 256 turns. Script runs per task are EVALSHA calls from INFO commandstats (asynq's own included: plain asynq's are the baseline). %s
+
+| worker | tasks/s, median | script runs per task | CPU per task, median | ratio to plain asynq | ratio to the unkeyed quota |
+|---|--:|--:|--:|--:|--:|
+| plain asynq | %s | %s | %s | 1.00 | |
+| asynq + sluice: quota | %s | %s | %s | %s | 1.00 |
+| asynq + sluice: quota keyed over %s values | %s | %s | %s | %s | %s |
+`, grouped(keyedValues), grouped(workerTasks), roundsNote(b),
+		grouped(median(rates["plain asynq"])), costs.scriptRuns("plain asynq"), costs.cpu("plain asynq"),
+		grouped(median(rates["quota"])), costs.scriptRuns("quota"), costs.cpu("quota"), ratioCell(rates, "quota", "plain asynq"),
+		grouped(keyedValues), grouped(median(rates["keyed quota"])), costs.scriptRuns("keyed quota"), costs.cpu("keyed quota"),
+		ratioCell(rates, "keyed quota", "plain asynq"), ratioCell(rates, "keyed quota", "quota"))
 	return nil
+}
+
+// roundsNote says how the worker sections' figures were made.
+func roundsNote(b *bench) string {
+	return fmt.Sprintf("%d rounds, each running every row once, one after another (every other round in reverse order). A row's ratio is the median of its rounds' own ratios, each to the run beside it in its round, with the lowest and highest in brackets: this shared machine's speed drifts from one run to the next. CPU per task is what this process and redis-server used during the run (getrusage and INFO cpu) over its tasks; steal on a shared machine inflates it too.", b.workerRounds)
+}
+
+// taskCosts collects, per measurement name, each run's costs.
+type taskCosts map[string][]noopRun
+
+// measure returns a measurement of runs of workerTasks tasks that newTask
+// makes, gated by cfg (plain asynq if nil), recording each run.
+func (tc taskCosts) measure(b *bench, opt asynq.RedisClientOpt, queue string, newTask func(int) *asynq.Task) func(string, *jobs.Config) measurement {
+	return func(name string, cfg *jobs.Config) measurement {
+		return measurement{name, func(ctx context.Context) (float64, error) {
+			r, err := runTasks(ctx, b, opt, cfg, queue, workerTasks, newTask)
+			tc[name] = append(tc[name], r)
+			return r.rate, err
+		}}
+	}
+}
+
+// cpu is the median CPU time per task of name's runs.
+func (tc taskCosts) cpu(name string) string {
+	var perTask []float64
+	for _, r := range tc[name] {
+		perTask = append(perTask, float64(r.cpu.Microseconds())/workerTasks)
+	}
+	return fmt.Sprintf("%.0f µs", median(perTask))
+}
+
+// scriptRuns is the median script runs per task of name's runs.
+func (tc taskCosts) scriptRuns(name string) string {
+	var perTask []float64
+	for _, r := range tc[name] {
+		perTask = append(perTask, r.scripts/workerTasks)
+	}
+	return fmt.Sprintf("%.2f", median(perTask))
+}
+
+// ratioCell is a's ratio to b for a table: the median of the rounds' own
+// ratios, the lowest and highest in brackets.
+func ratioCell(rates roundRates, a, b string) string {
+	mid, lo, hi := rates.ratio(a, b)
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", mid, lo, hi)
 }
 
 // commandsPerTask measures the Redis commands a task costs (INFO
@@ -180,9 +217,11 @@ Redis commands per completed task, from INFO commandstats before and after each 
 
 // noopRun is what one runNoops saw.
 type noopRun struct {
-	rate     float64 // tasks per second
-	commands float64 // Redis commands the server ran meanwhile
-	requeued float64 // tasks sent back to Redis to wait (sluice_throttled_tasks_total{how="requeued"})
+	rate     float64       // tasks per second
+	commands float64       // Redis commands the server ran meanwhile
+	scripts  float64       // of which script runs (EVALSHA, EVAL)
+	cpu      time.Duration // CPU time this process and the server used meanwhile
+	requeued float64       // tasks sent back to Redis to wait (sluice_throttled_tasks_total{how="requeued"})
 	elapsed  time.Duration
 }
 
@@ -270,7 +309,8 @@ func serveTasks(ctx context.Context, b *bench, opt asynq.RedisClientOpt, cfg *jo
 		}
 	}
 	// The INFO call that read the counts is one of them.
-	return noopRun{rate: rate, commands: float64(after - before - 1), requeued: requeued, elapsed: elapsed}, nil
+	return noopRun{rate: rate, commands: float64(after.all - before.all - 1), scripts: float64(after.scripts - before.scripts),
+		cpu: after.cpu - before.cpu, requeued: requeued, elapsed: elapsed}, nil
 }
 
 // counterSum adds up the counters of family name whose label is value.
@@ -295,28 +335,52 @@ func counterSum(reg *prometheus.Registry, name, label, value string) (float64, e
 	return sum, nil
 }
 
-// commandsRun is the number of commands the server has run, from INFO
-// commandstats.
-func commandsRun(ctx context.Context, rdb *redis.Client) (int64, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, fmt.Errorf("INFO commandstats: %w", err)
+// commandCount is how many commands the server has run, how many of them
+// were script runs, and the CPU time it and this process have used.
+type commandCount struct {
+	all, scripts int64
+	cpu          time.Duration
+}
+
+// commandsRun counts the commands the server has run, from INFO
+// commandstats, and the CPU time used so far (INFO cpu and getrusage).
+func commandsRun(ctx context.Context, rdb *redis.Client) (commandCount, error) {
+	var count commandCount
+	var self syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
+		return count, fmt.Errorf("getrusage: %w", err)
 	}
-	var total int64
+	count.cpu = time.Duration(self.Utime.Nano() + self.Stime.Nano())
+	info, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+	if err != nil {
+		return count, fmt.Errorf("INFO commandstats cpu: %w", err)
+	}
 	for line := range strings.Lines(info) {
+		line = strings.TrimSpace(line)
+		if field, value, ok := strings.Cut(line, ":"); ok && (field == "used_cpu_sys" || field == "used_cpu_user") {
+			seconds, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				return count, fmt.Errorf("INFO cpu: %q: %w", line, err)
+			}
+			count.cpu += time.Duration(seconds * float64(time.Second))
+			continue
+		}
 		// cmdstat_get:calls=12,usec=34,...
-		_, rest, ok := strings.Cut(line, ":calls=")
+		name, rest, ok := strings.Cut(line, ":calls=")
 		if !ok {
 			continue
 		}
 		calls, _, _ := strings.Cut(rest, ",")
 		n, err := strconv.ParseInt(calls, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("INFO commandstats: %q: %w", strings.TrimSpace(line), err)
+			return count, fmt.Errorf("INFO commandstats: %q: %w", line, err)
 		}
-		total += n
+		count.all += n
+		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+			count.scripts += n
+		}
 	}
-	return total, nil
+	return count, nil
 }
 
 func enqueueEach(opt asynq.RedisClientOpt, queue string, n int, newTask func(i int) *asynq.Task) error {
