@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/throttle"
@@ -27,6 +29,8 @@ type gateSet struct {
 	lend     bool                 // pools may lend turns (not on a test's clock)
 	replaced chan struct{}        // closed when a config with other limits replaces this one
 	pools    sync.Map             // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
+	// evaluations counts the pools' script runs per gate (nil: not).
+	evaluations *prometheus.CounterVec
 	// keyedPools are the pools of sets of gates with a keyed one: per key
 	// values too, so bounded.
 	keyedPools *keyedPools
@@ -61,13 +65,16 @@ type gateOptions struct {
 	clock   throttle.Clock // nil: Redis's
 	workers func() int
 	lease   time.Duration
+	// evaluations, if set, counts the script runs of the gates' pools (as
+	// the Scheduler counts those of its bookings).
+	evaluations *prometheus.CounterVec
 }
 
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
-		lend: o.clock == nil, replaced: make(chan struct{}), keyedPools: newKeyedPools(maxKeyedPools)}
+		lend: o.clock == nil, replaced: make(chan struct{}), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
 	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
 	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
 		// A changed limit starts from a fresh state under a new version: the
@@ -233,17 +240,20 @@ func (gs *gateSet) poolOf(claims []claim, cost int) *throttle.Pool {
 		if c.g.expr != nil {
 			// The value's length first: no value runs into the next.
 			keyed = true
-			fmt.Fprintf(&key, " %d:%s", len(c.key), c.key)
+			key.WriteByte(' ')
+			key.WriteString(strconv.Itoa(len(c.key)))
+			key.WriteByte(':')
+			key.WriteString(c.key)
 		}
 		key.WriteByte(' ')
 	}
-	fmt.Fprint(&key, cost)
+	key.WriteString(strconv.Itoa(cost))
 	newPool := func() *throttle.Pool {
 		poolClaims := make([]throttle.Claim, len(claims))
 		for i, c := range claims {
 			poolClaims[i] = throttle.Claim{Limiter: c.lim, Key: c.key, N: cost}
 		}
-		p, err := throttle.NewPool(poolClaims)
+		p, err := throttle.NewPool(poolClaims, throttle.OnScriptRun(gs.countRun(claims)))
 		if err != nil {
 			return nil // these gates book every task
 		}
@@ -260,6 +270,24 @@ func (gs *gateSet) poolOf(claims []claim, cost int) *throttle.Pool {
 		return was.(*throttle.Pool)
 	}
 	return p
+}
+
+// countRun counts a pool's script run as one evaluation of each of its
+// gates: a lease books on all of them at once; a give-back runs per gate,
+// and the pool reports each run.
+func (gs *gateSet) countRun(claims []claim) func() {
+	if gs.evaluations == nil {
+		return nil
+	}
+	var counters []prometheus.Counter
+	for _, c := range claims {
+		counters = append(counters, gs.evaluations.WithLabelValues(c.g.name))
+	}
+	return func() {
+		for _, c := range counters {
+			c.Inc()
+		}
+	}
 }
 
 // close gives back the turns the pools hold: gs is no longer in force.

@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"queue"}),
 		evaluations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gate_evaluations_total",
-			Help: "Limiter calls a gate took part in (bookings, and turns given back).",
+			Help: "Limiter calls (script runs) a gate took part in: bookings, leases of turns lent ahead, and turns given back.",
 		}, []string{"gate"}),
 		woken: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_woken_tasks_total",

@@ -93,6 +93,28 @@ func TestKeyedQuotaLends(t *testing.T) {
 	}
 }
 
+// TestLeasesCounted: the script runs that lend turns are counted in
+// sluice_gate_evaluations_total, as bookings are; they cost Redis as much.
+// 10 key values, 50 tasks each: each value's pool leases at least once,
+// and far fewer times than it has tasks.
+func TestLeasesCounted(t *testing.T) {
+	const values, each = 10, 50
+	f := newKeyedFixture(t, farQuota())
+	for i := range values * each {
+		f.book(t, fmt.Sprint("t", i), fmt.Sprint("d", i%values))
+	}
+	gate := "quota:" + f.quota
+	booked := testutil.ToFloat64(f.s.metrics.bookings.WithLabelValues(f.queue))
+	runs := testutil.ToFloat64(f.s.metrics.evaluations.WithLabelValues(gate)) - booked
+	t.Logf("%d tasks: %d lent, %.0f booked, %.0f other script runs of %s", values*each, f.lent(), booked, runs, gate)
+	if runs < values {
+		t.Errorf("%.0f script runs of %s besides bookings, want at least one lease per key value (%d): leases go uncounted", runs, gate, values)
+	}
+	if runs > values*each/4 {
+		t.Errorf("%.0f script runs of %s besides bookings for %d tasks, want far fewer: turns are not lent", runs, gate, values*each)
+	}
+}
+
 // TestKeyedPoolsBounded (issue 13): 10,000 key values, a task each, from
 // 32 callers at once: every task is lent a turn, the gate set keeps at
 // most maxKeyedPools pools, and once the leases are over (given back when

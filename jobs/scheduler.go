@@ -119,7 +119,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: func() int { return int(s.workers.Load()) }, lease: s.slotLease}
+	o := gateOptions{workers: func() int { return int(s.workers.Load()) }, lease: s.slotLease, evaluations: s.metrics.evaluations}
 	if s.injected {
 		o.clock = s.clock
 	}

@@ -38,6 +38,10 @@ type Pool struct {
 	// hundredth of the smallest burst): not worth a round trip.
 	kept int
 
+	// called, if set, after each script run the pool makes (a lease, a
+	// give-back): what it costs Redis, for the caller's metrics.
+	called func()
+
 	mu        sync.Mutex
 	lease     *lease
 	size      int       // takes in the next lease
@@ -66,12 +70,22 @@ const (
 // events ahead.
 var ErrNoLease = errors.New("throttle: these limits cannot lend events ahead")
 
+// PoolOption configures a Pool.
+type PoolOption func(*Pool)
+
+// OnScriptRun makes a Pool call f after each script run it makes on its
+// limits' Redis (a lease, or giving back a lease's untaken events), so
+// that what lending costs can be counted.
+func OnScriptRun(f func()) PoolOption {
+	return func(p *Pool) { p.called = f }
+}
+
 // NewPool returns a Pool for claims. A lease's events may be taken for up to
 // half the smallest bucket window of the claims (Burst · Period / Limit), at
 // most maxSpan. It fails with ErrNoLease if a claim's limiter is not a
 // bucket, or a bucket's window leaves room for fewer than 2 takes in a
 // lease.
-func NewPool(claims []Claim) (*Pool, error) {
+func NewPool(claims []Claim, opts ...PoolOption) (*Pool, error) {
 	parts, err := partsOf(claims)
 	if err != nil {
 		return nil, err
@@ -104,7 +118,11 @@ func NewPool(claims []Claim) (*Pool, error) {
 	for _, p := range parts {
 		kept = min(kept, int(p.lim.compiled().params.Burst/100/p.n))
 	}
-	return &Pool{claims: claims, span: micros(span), most: most, kept: kept, size: min(firstLease, most)}, nil
+	p := &Pool{claims: claims, span: micros(span), most: most, kept: kept, size: min(firstLease, most)}
+	for _, opt := range opts {
+		opt(p)
+	}
+	return p, nil
 }
 
 // A lease's span: long enough that a lease serves many callers, short
@@ -161,6 +179,7 @@ func (p *Pool) book(ctx context.Context) (*lease, error) {
 	asked := time.Now()
 	bk, err := book(ctx, claims, p.span)
 	answered := time.Now()
+	p.ran()
 	if err != nil {
 		return nil, err
 	}
@@ -248,6 +267,14 @@ func (p *Pool) end(ctx context.Context, l *lease) {
 		g := &group{site: lim.site(c.Key), parts: []*part{{lim: lim, key: c.Key, n: int64(unused * c.N)}}}
 		// A tail that cannot be given back stays counted: under-use.
 		_ = g.run(ctx, &step{op: algorithms.OpCancel, giveBack: []string{tail}})
+		p.ran()
+	}
+}
+
+// ran tells the pool's owner of a script run.
+func (p *Pool) ran() {
+	if p.called != nil {
+		p.called()
 	}
 }
 

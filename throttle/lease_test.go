@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,7 +200,8 @@ func TestPoolKeepsFewUnused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pool, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "k", N: 1}})
+		var runs atomic.Int64 // what the pool reports of its script runs
+		pool, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "k", N: 1}}, throttle.OnScriptRun(func() { runs.Add(1) }))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,11 +217,15 @@ func TestPoolKeepsFewUnused(t *testing.T) {
 		}
 		pool.Close()
 		hook.mu.Lock()
-		cancels := hook.cancels
+		cancels, calls := hook.cancels, hook.calls
 		hook.mu.Unlock()
-		t.Logf("burst %d: %d give-backs in 10 rounds", c.burst, cancels)
+		t.Logf("burst %d: %d give-backs in 10 rounds; %d script runs reported, %d commands sent", c.burst, cancels, runs.Load(), calls)
 		if gave := cancels > 0; gave != c.giveBack {
 			t.Errorf("burst %d: %d give-backs of unused takes; want any: %v", c.burst, cancels, c.giveBack)
+		}
+		// A lease a round (each outlives its span), and every give-back.
+		if n := runs.Load(); n < 10+int64(cancels) || n > int64(calls) {
+			t.Errorf("burst %d: OnScriptRun reported %d runs, want from 10 leases + %d give-backs to the %d commands sent", c.burst, n, cancels, calls)
 		}
 	}
 }
