@@ -234,17 +234,20 @@ tasks:
 	}
 	arrivals := r.finish(t, dests*each, 30*time.Second, queue)
 	took := arrivals[len(arrivals)-1].Sub(arrivals[0])
-	worst := 0.0
+	worst, worstDest := 0.0, ""
 	for d := range dests {
 		// Turns are exact on Redis's clock; arrivals are taken after an
 		// HTTP request from one of 3 workers on a shared 2-core machine.
 		// One run of 50 keys measured 0.03 over with the 25 ms of the
 		// other tests: this one allows 35 ms.
-		worst = max(worst, overAllowanceWithin(r.u.Under(fmt.Sprint("d", d)), 4, 4, 35*time.Millisecond))
+		dest := fmt.Sprint("d", d)
+		if over := overAllowanceWithin(r.u.Under(dest), 4, 4, 35*time.Millisecond); over > worst {
+			worst, worstDest = over, dest
+		}
 	}
 	t.Logf("%d requests in %v; at most %.2f over 4 + 4·T for any destination; %s", len(arrivals), took.Round(time.Millisecond), worst, r.costs(t, dests*each))
 	if worst > 0 {
-		t.Errorf("a destination saw %.2f requests over 4 + 4·T", worst)
+		t.Errorf("destination %s saw %.2f requests over 4 + 4·T; its densest second: %s", worstDest, worst, densest(r.u.Under(worstDest), time.Second))
 	}
 	if took > 7*time.Second {
 		t.Errorf("all %d done in %v, want within 7s", len(arrivals), took)
