@@ -111,6 +111,7 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 	defer w.fsw.Close()
 	var quiet <-chan time.Time
 	var burst time.Time // the first event of the burst being settled
+	var last time.Time  // the latest event that counted
 	if stale {
 		burst, quiet = time.Now(), time.After(0)
 	}
@@ -128,9 +129,12 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 			if quiet == nil {
 				burst = now
 			}
+			last = now
 			quiet = time.After(min(settle, burst.Add(maxSettle).Sub(now)))
 		case <-quiet:
 			quiet = nil
+			// Still being written: the cap's read, not a quiet file's.
+			saving := time.Since(last) < settle
 			data, err := os.ReadFile(w.path)
 			if err != nil {
 				w.last = [sha256.Size]byte{}
@@ -141,8 +145,13 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 			if digest == w.last {
 				continue
 			}
+			f, err := load(w.path, data)
+			if err != nil && saving {
+				quiet = time.After(settle) // or at once at the next event: the cap has passed
+				continue
+			}
 			w.last = digest
-			if f, err := load(w.path, data); err != nil {
+			if err != nil {
 				onError(err)
 			} else {
 				onChange(f)

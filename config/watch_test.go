@@ -180,6 +180,43 @@ func TestWatchSettleCapped(t *testing.T) {
 	}
 }
 
+// TestWatchCappedMidSave: a file saved again and again in two steps
+// (truncated, then written 10 ms later, as a tool that rewrites in place
+// does) is reloaded by the cap without an error for the empty file seen
+// between the steps: a read that finds no valid config while the file is
+// still being written is read again, and only a file that has been quiet
+// for the settle time reports its problems.
+func TestWatchCappedMidSave(t *testing.T) {
+	path := write(t, concurrencyConfig(1))
+	changes, errs := watchEvents(t, path)
+	stop := time.After(2 * time.Second)
+	reloads := 0
+	for n := 2; ; n++ {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if _, err := f.WriteString(concurrencyConfig(n)); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		select {
+		case <-changes:
+			reloads++
+		case err := <-errs:
+			t.Fatalf("onError(%v) while the file was being saved every 50ms", err)
+		case <-stop:
+			if reloads == 0 {
+				t.Fatal("no reload within 2s while the file was saved every 50ms")
+			}
+			t.Logf("%d reloads in 2s of saves every 50ms, no error", reloads)
+			return
+		case <-time.After(40 * time.Millisecond):
+		}
+	}
+}
+
 // TestWatchSymlink: a config that is a symlink into another directory is
 // reloaded when its target changes, in place or replaced, and when the
 // link is swapped to another target (as Kubernetes updates a ConfigMap).
