@@ -60,14 +60,31 @@ func fresh(ctx context.Context, t *asynq.Task) bool {
 // nothing; back too late for them, or after a gate changed, it books anew
 // and what it held is given back, in the same step. In a queue with
 // fairness the turn is booked on the queue's fair share too, and a task
-// whose key holds its share already waits in its key's line instead.
+// whose key holds its share already waits in its key's line instead. Most
+// tasks of gates far from their limits are lent a turn instead (lent).
 func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool) (booking, error) {
-	vars := newTaskVars(queue, id, t.Type(), t.Payload())
-	claims := s.claimsOf(gs, queue, t.Type(), vars)
-	if len(claims) == 0 {
+	r := gs.routeOf(queue, t.Type())
+	if len(r.gates) == 0 {
 		return booking{}, nil
 	}
-	cost, bid := gs.cost(t.Type()), bookingID(queue, id, t)
+	claims := r.claims
+	var vars *taskVars
+	if r.keyed || gs.fair[queue] != nil {
+		vars = newTaskVars(queue, id, t.Type(), t.Payload())
+	}
+	if r.keyed {
+		claims = s.claimsOf(r, vars)
+	}
+	if b, ok := s.lent(ctx, gs, r, claims, t); ok {
+		return b, nil
+	}
+	return s.bookTurn(ctx, gs, queue, id, t, letOut, r, claims, vars)
+}
+
+// bookTurn books the task's turn on claims (and its queue's fair share):
+// book, for a task that was not lent one.
+func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool, r *route, claims []claim, vars *taskVars) (booking, error) {
+	cost, bid := r.cost, bookingID(queue, id, t)
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {
 		spot = &lineSpot{fair: f, key: s.keyOf(f.name, f.expr, vars), booking: bid, cost: cost}
@@ -76,9 +93,6 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 			spot.seen = true
 			return booking{line: spot}, nil
 		}
-	}
-	if b, ok := s.lent(ctx, gs, queue, claims, cost, t); ok {
-		return b, nil
 	}
 	bookClaims := make([]throttle.Claim, 0, len(claims)+1)
 	fairAt := -1
@@ -172,12 +186,13 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	return booking{claims: claims, turns: turns, ready: s.clock.Now().Add(bk.Delay), at: bk.At, noted: bk.Reminded}, nil
 }
 
-// claimsOf lists the claims a task makes, in order: its queue's drain,
-// then its type's quotas; a keyed gate's claim is on the task's key value.
-func (s *Scheduler) claimsOf(gs *gateSet, queue, typ string, vars *taskVars) []claim {
-	var claims []claim
-	for _, g := range gs.gatesOf(queue, typ) {
-		claims = append(claims, s.claimOf(g, vars))
+// claimsOf lists the claims a task on route r makes, in order: its
+// queue's drain, then its type's quotas; a keyed gate's claim is on the
+// task's key value.
+func (s *Scheduler) claimsOf(r *route, vars *taskVars) []claim {
+	claims := make([]claim, len(r.gates))
+	for i, g := range r.gates {
+		claims[i] = s.claimOf(g, vars)
 	}
 	return claims
 }
@@ -219,13 +234,13 @@ func (s *Scheduler) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
 // books: it may hold turns under its booking ID. A pool that cannot lend
 // now (its gates near their limits, or Redis failing) leaves the task to
 // book. Queues with fairness book every task: a fair share is counted task
-// by task.
-func (s *Scheduler) lent(ctx context.Context, gs *gateSet, queue string, claims []claim, cost int, t *asynq.Task) (booking, bool) {
-	if !fresh(ctx, t) || gs.fair[queue] != nil {
-		return booking{}, false
+// by task (their routes have no pool, and keyed gates in them do not lend).
+func (s *Scheduler) lent(ctx context.Context, gs *gateSet, r *route, claims []claim, t *asynq.Task) (booking, bool) {
+	pool := r.pool
+	if r.keyed && !r.fair {
+		pool = gs.poolOf(claims, r.cost)
 	}
-	pool := gs.poolOf(claims, cost)
-	if pool == nil {
+	if pool == nil || !fresh(ctx, t) {
 		return booking{}, false
 	}
 	if ok, err := pool.Take(ctx); err != nil || !ok {

@@ -219,7 +219,7 @@ func TestTaskBackForItsTurn(t *testing.T) {
 		t.Fatalf("the held task rebooked under the new quota at %v; want its drain turn %v again", rebooked.ready.Sub(t0), held.ready.Sub(t0))
 	}
 	gs := f.s.gates.Load()
-	for i, g := range gs.gatesOf(f.queue, "test:call") {
+	for i, g := range gs.routeOf(f.queue, "test:call").gates {
 		if rebooked.claims[i].g != g {
 			t.Fatalf("rebooked on gate %q, want the gate in force %q", rebooked.claims[i].g.tag, g.tag)
 		}

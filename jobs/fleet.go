@@ -271,11 +271,11 @@ func (s *Scheduler) block(quota string, until time.Time) {
 	}
 }
 
-// blockedUntil is the latest block on the task type's quotas that this
+// blockedUntil is the latest block on the quotas of a task of typ in queue that this
 // worker knows of, or the zero Time.
-func (s *Scheduler) blockedUntil(gs *gateSet, typ string) time.Time {
+func (s *Scheduler) blockedUntil(gs *gateSet, queue, typ string) time.Time {
 	var until time.Time
-	for _, g := range gs.quotasOf(typ) {
+	for _, g := range gs.routeOf(queue, typ).quotas {
 		if v, ok := s.blocked.Load(g.key); ok && v.(time.Time).After(until) {
 			until = v.(time.Time)
 		}

@@ -34,6 +34,66 @@ type gateSet struct {
 	// keyedPools are the pools of sets of gates with a keyed one: per key
 	// values too, so bounded.
 	keyedPools *keyedPools
+	// routes are what tasks meet, by queue and configured type (type ""
+	// for every other type), worked out once: see routeOf.
+	routes map[routeKey]*route
+}
+
+// route is what every task of one queue and type meets, in order: its
+// queue's drain gate, then its type's quotas, then the concurrency limits.
+// It is worked out once per config, so that a task whose turns are lent
+// costs a map lookup and a Pool.Take, nothing per gate.
+type route struct {
+	gates  []*gate // the drain gate first, then the quotas
+	quotas []*gate // gates without the drain
+	cost   int
+	// keyed: a gate is keyed, so each task's claims depend on the task.
+	keyed bool
+	// claims and pool, if not keyed: every task's claims, and the pool that
+	// lends their turns (nil if they cannot).
+	claims []claim
+	pool   *throttle.Pool
+	// fair: the queue shares its drain fairly, counted task by task, so
+	// turns are never lent.
+	fair bool
+	// slots: the task takes a concurrency slot (of its queue or its type).
+	slots bool
+}
+
+type routeKey struct{ queue, typ string }
+
+// routeOf returns the route of a task of typ in queue.
+func (gs *gateSet) routeOf(queue, typ string) *route {
+	if _, ok := gs.cfg.Tasks[typ]; !ok {
+		typ = ""
+	}
+	if r := gs.routes[routeKey{queue, typ}]; r != nil {
+		return r
+	}
+	// A queue the config does not name (asynq serves only those that it
+	// does: a test's, or a program's own server): worked out each time.
+	return gs.newRoute(queue, typ)
+}
+
+func (gs *gateSet) newRoute(queue, typ string) *route {
+	r := &route{quotas: gs.quotasOf(typ), cost: gs.cost(typ), fair: gs.fair[queue] != nil,
+		slots: gs.queueSem[queue] != nil || gs.typeSem[typ] != nil}
+	if g := gs.drains[queue]; g != nil {
+		r.gates = append(r.gates, g)
+	}
+	r.gates = append(r.gates, r.quotas...)
+	for _, g := range r.gates {
+		r.keyed = r.keyed || g.expr != nil
+	}
+	if !r.keyed && len(r.gates) > 0 {
+		for _, g := range r.gates {
+			r.claims = append(r.claims, claim{g: g, lim: g.lim, key: g.key})
+		}
+		if !r.fair {
+			r.pool = gs.poolOf(r.claims, r.cost)
+		}
+	}
+	return r
 }
 
 // gate is one rate limit: a limiter on Redis that applies its own failure
@@ -192,6 +252,13 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 			gs.typeKey[name] = k
 		}
 	}
+	gs.routes = map[routeKey]*route{}
+	for queue := range cfg.Queues {
+		gs.routes[routeKey{queue, ""}] = gs.newRoute(queue, "")
+		for typ := range cfg.Tasks {
+			gs.routes[routeKey{queue, typ}] = gs.newRoute(queue, typ)
+		}
+	}
 	return gs, nil
 }
 
@@ -212,16 +279,6 @@ func (gs *gateSet) cost(typ string) int {
 		return t.Cost
 	}
 	return 1
-}
-
-// gatesOf lists the gates a task passes, in order: its queue's drain gate,
-// then its type's quotas.
-func (gs *gateSet) gatesOf(queue, typ string) []*gate {
-	var gates []*gate
-	if g := gs.drains[queue]; g != nil {
-		gates = append(gates, g)
-	}
-	return append(gates, gs.quotasOf(typ)...)
 }
 
 // poolOf returns the pool that lends turns on claims at cost each, or nil

@@ -265,7 +265,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
-	if until := s.blockedUntil(gs, t.Type()); s.clock.Now().Before(until) {
+	if until := s.blockedUntil(gs, queue, t.Type()); s.clock.Now().Before(until) {
 		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
 	}

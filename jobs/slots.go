@@ -69,6 +69,9 @@ func stopMargin(lease time.Duration) time.Duration { return lease / 6 }
 // soon to ask again if the task must go back to Redis: a slot is not free,
 // or Redis failed and the slot's policy is wait.
 func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t *asynq.Task) (*slotHold, time.Duration) {
+	if !gs.routeOf(queue, t.Type()).slots {
+		return &slotHold{ctx: ctx}, 0 // nothing to take, renew or release
+	}
 	id, _ := asynq.GetTaskID(ctx)
 	h := &slotHold{s: s, holder: s.worker + ":" + id, stop: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancelCause(ctx)
@@ -208,6 +211,9 @@ func (h *slotHold) lose(sl slot, result string, why error) {
 // release gives the slots back and reports whether the task was stopped
 // for losing one.
 func (h *slotHold) release() (lost bool) {
+	if h.cancel == nil {
+		return false // the task takes no slot
+	}
 	close(h.stop)
 	h.wg.Wait()
 	lost = context.Cause(h.ctx) == errSlotLost
