@@ -14,6 +14,8 @@ import (
 	"github.com/google/cel-go/common/types"
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/ext"
+	"github.com/google/cel-go/interpreter"
+	"github.com/tidwall/gjson"
 )
 
 // A keyed limit holds separately for every value of its key: a CEL
@@ -105,13 +107,14 @@ func compileKey(source string) (*keyExpr, error) {
 }
 
 // taskVars is what a key expression sees of one task; the payload is
-// decoded once, the first time an expression asks.
+// checked once, the first time an expression asks, and read where
+// expressions look (see payload.go).
 type taskVars struct {
 	typ, queue string
 	id         string // for the log
 	raw        []byte
-	decoded    bool
-	payload    any
+	checked    bool
+	payload    ref.Val
 	err        error
 }
 
@@ -119,29 +122,50 @@ func newTaskVars(queue, id, typ string, payload []byte) *taskVars {
 	return &taskVars{typ: typ, queue: queue, id: id, raw: payload}
 }
 
-func (v *taskVars) activation() (map[string]any, error) {
-	if !v.decoded {
-		v.decoded = true
+// check reads the payload for expressions, once: an error if it is too
+// large or not JSON (a task takes its limits' default keys then).
+func (v *taskVars) check() error {
+	if !v.checked {
+		v.checked = true
 		switch {
 		case len(v.raw) > maxKeyedPayload:
 			v.err = fmt.Errorf("payload of %d bytes is larger than %d", len(v.raw), maxKeyedPayload)
-		case len(v.raw) > 0:
-			if err := json.Unmarshal(v.raw, &v.payload); err != nil {
-				v.err = fmt.Errorf("payload is not JSON: %w", err)
-			}
+		case len(v.raw) == 0:
+			v.payload = types.NullValue
+		case !json.Valid(v.raw):
+			var x any
+			v.err = fmt.Errorf("payload is not JSON: %w", json.Unmarshal(v.raw, &x))
+		default:
+			v.payload = jsonVal(gjson.ParseBytes(v.raw))
 		}
 	}
-	return map[string]any{"payload": v.payload, "type": v.typ, "queue": v.queue}, v.err
+	return v.err
 }
+
+// ResolveName implements interpreter.Activation: the variables of key
+// expressions.
+func (v *taskVars) ResolveName(name string) (any, bool) {
+	switch name {
+	case "payload":
+		return v.payload, true
+	case "type":
+		return v.typ, true
+	case "queue":
+		return v.queue, true
+	}
+	return nil, false
+}
+
+// Parent implements interpreter.Activation: there is none.
+func (v *taskVars) Parent() interpreter.Activation { return nil }
 
 // eval gives the task's key value, or an error (a missing field, a wrong
 // type, a payload that is not JSON).
 func (k *keyExpr) eval(v *taskVars) (string, error) {
-	act, err := v.activation()
-	if err != nil {
+	if err := v.check(); err != nil {
 		return "", err
 	}
-	out, _, err := k.prg.Eval(act)
+	out, _, err := k.prg.Eval(v)
 	if err != nil {
 		return "", err
 	}

@@ -80,11 +80,13 @@ func OnScriptRun(f func()) PoolOption {
 	return func(p *Pool) { p.called = f }
 }
 
-// NewPool returns a Pool for claims. A lease's events may be taken for up to
-// half the smallest bucket window of the claims (Burst · Period / Limit), at
-// most maxSpan. It fails with ErrNoLease if a claim's limiter is not a
-// bucket, or a bucket's window leaves room for fewer than 2 takes in a
-// lease.
+// NewPool returns a Pool for claims. A lease's events may be taken for a
+// span of up to each claim's bucket window (Burst · Period / Limit) less
+// the server time of the largest lease (256 takes), or half the window
+// where that leaves less, and at most maxSpan: the rest of the window is
+// the room for the lease's events. It fails with ErrNoLease if a claim's
+// limiter is not a bucket, or a bucket's window leaves room for fewer than
+// 2 takes in a lease.
 func NewPool(claims []Claim, opts ...PoolOption) (*Pool, error) {
 	parts, err := partsOf(claims)
 	if err != nil {
@@ -96,7 +98,11 @@ func NewPool(claims []Claim, opts ...PoolOption) (*Pool, error) {
 		if c.algorithm != algorithms.TokenBucket && c.algorithm != algorithms.LeakyBucket {
 			return nil, fmt.Errorf("%w: claim %d is a %s, not a bucket", ErrNoLease, i, c.algorithm.Name)
 		}
-		span = min(span, c.params.Burst*c.params.Period/c.params.Limit/2)
+		// A roomy window (a keyed value's, whose few takes a second each
+		// lease serves) lends for most of it, so that a lease serves more.
+		window := c.params.Burst * c.params.Period / c.params.Limit
+		fullLease := maxLease * p.n * c.params.Period / c.params.Limit
+		span = min(span, max(window/2, window-fullLease))
 	}
 	if span < minSpan.Microseconds() {
 		return nil, fmt.Errorf("%w: a bucket's window (Burst × Period / Limit) is below %v", ErrNoLease, 2*minSpan)
@@ -128,7 +134,7 @@ func NewPool(claims []Claim, opts ...PoolOption) (*Pool, error) {
 // A lease's span: long enough that a lease serves many callers, short
 // enough that what it holds unused is not held long.
 const (
-	maxSpan = 500 * time.Millisecond
+	maxSpan = time.Second
 	minSpan = 5 * time.Millisecond
 )
 

@@ -194,7 +194,8 @@ func TestPoolKeepsFewUnused(t *testing.T) {
 		rdb := redistest.Client(t)
 		hook := &countingHook{}
 		rdb.AddHook(hook)
-		// A window of 200ms either way (a span of 100ms).
+		// A window of 200ms either way: a span of 197ms at burst 20,000
+		// (a full lease takes 2.56ms of it), 100ms at burst 40.
 		lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 100 * c.burst, Period: 20 * time.Second, Burst: c.burst},
 			throttle.WithPrefix(redistest.Prefix(t)))
 		if err != nil {
@@ -213,7 +214,7 @@ func TestPoolKeepsFewUnused(t *testing.T) {
 					t.Fatalf("burst %d: Take = %v, %v; want a lent event, far below the limit", c.burst, ok, err)
 				}
 			}
-			time.Sleep(120 * time.Millisecond) // the lease's span ends
+			time.Sleep(220 * time.Millisecond) // the lease's span ends
 		}
 		pool.Close()
 		hook.mu.Lock()
@@ -228,4 +229,62 @@ func TestPoolKeepsFewUnused(t *testing.T) {
 			t.Errorf("burst %d: OnScriptRun reported %d runs, want from 10 leases + %d give-backs to the %d commands sent", c.burst, n, cancels, calls)
 		}
 	}
+}
+
+// TestPoolSpansRoomyWindow: a bucket whose window (Burst × Period / Limit)
+// holds more than a full lease's events lends for more than half of it: a
+// key value with a few takes a second (a keyed quota's) is served by one
+// lease a second, not two (a 2s window at 200/s: a span of 1s, the most,
+// leaves room for leases of 200). The takes still never exceed the
+// bucket, also when the load goes past it.
+func TestPoolSpansRoomyWindow(t *testing.T) {
+	rdb := redistest.Client(t)
+	spec := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 200, Period: time.Second, Burst: 400}
+	lim, err := throttle.New(rdb, spec, throttle.WithPrefix(redistest.Prefix(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	pool, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "k", N: 1}}, throttle.OnScriptRun(func() { runs.Add(1) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	var taken []event
+	// take takes from the pool, or else books as a caller would.
+	take := func() {
+		ok, err := pool.Take(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			b, err := throttle.Book(ctx, []throttle.Claim{{Limiter: lim, Key: "k", N: 1}}, time.Time{}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok = b.OK
+		}
+		if ok {
+			taken = append(taken, event{time.Now().UnixMicro(), 1})
+		}
+	}
+	// 4 takes 250ms apart: one lease.
+	for i := range 4 {
+		if i > 0 {
+			time.Sleep(250 * time.Millisecond)
+		}
+		take()
+	}
+	if n := runs.Load(); len(taken) != 4 || n != 1 {
+		t.Errorf("4 takes over 750ms: %d lent with %d script runs; want all 4 from one lease", len(taken), n)
+	}
+	// Then past the limit (a take every 250µs or so, for 2s).
+	for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(250 * time.Microsecond) {
+		take()
+	}
+	if err := conforms(spec, taken); err != nil {
+		t.Error(err)
+	}
+	t.Logf("%d takes admitted, %d script runs of the pool", len(taken), runs.Load())
 }

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -52,7 +53,11 @@ func eachRound(ctx context.Context, b *bench, n int, measurements []measurement)
 			slices.Reverse(order)
 		}
 		for _, m := range order {
-			rate, err := m.run(ctx)
+			var rate float64
+			var err error
+			// Labelled, so that -cpuprofile can be read per measurement
+			// (go tool pprof -tagfocus measurement=NAME).
+			pprof.Do(ctx, pprof.Labels("measurement", m.name), func(ctx context.Context) { rate, err = m.run(ctx) })
 			if err != nil {
 				return nil, fmt.Errorf("%s, round %d: %w", m.name, round, err)
 			}

@@ -1,0 +1,158 @@
+package jobs
+
+import (
+	"encoding/json"
+	"reflect"
+	"unicode/utf8"
+
+	"github.com/google/cel-go/common/types"
+	"github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/common/types/traits"
+	"github.com/tidwall/gjson"
+)
+
+// A key expression usually looks at one or two fields of a task's payload
+// (payload.tenant, payload.headers["X-Dest"]), once per task: decoding the
+// whole payload for that (encoding/json into maps) cost a keyed gate more
+// than its turn. So the payload is valid JSON checked once (json.Valid,
+// which also bounds its nesting), then read where an expression looks
+// (gjson), field by field. An object or array is a value of its own that
+// reads its fields when asked; what an expression does with a whole one
+// (compare it, iterate it, take its size, convert it) decodes it with
+// encoding/json, so every result is the one the decoded payload gives.
+
+// jsonVal is the CEL value of the JSON value r: a string, number (a
+// double, as encoding/json decodes it), bool or null; an object or array
+// read lazily.
+func jsonVal(r gjson.Result) ref.Val {
+	switch r.Type {
+	case gjson.String:
+		s := r.String()
+		if !utf8.ValidString(s) {
+			// encoding/json replaces invalid UTF-8 byte by byte: so does
+			// the decoded payload.
+			_ = json.Unmarshal([]byte(r.Raw), &s)
+		}
+		return types.String(s)
+	case gjson.Number:
+		return types.Double(r.Num)
+	case gjson.True:
+		return types.True
+	case gjson.False:
+		return types.False
+	case gjson.JSON:
+		if r.IsArray() {
+			return &jsonArray{jsonWhole{raw: r.Raw}}
+		}
+		return &jsonObject{jsonWhole{raw: r.Raw}}
+	}
+	return types.NullValue
+}
+
+// jsonWhole is an object's or an array's raw JSON, and its value decoded
+// whole, once something needs it.
+type jsonWhole struct {
+	raw     string
+	decoded ref.Val
+}
+
+// whole is the value encoding/json decodes, as CEL adapts it.
+func (w *jsonWhole) whole() ref.Val {
+	if w.decoded == nil {
+		var v any
+		if err := json.Unmarshal([]byte(w.raw), &v); err != nil {
+			w.decoded = types.NewErr("payload: %v", err) // json.Valid passed: not expected
+		} else {
+			w.decoded = types.DefaultTypeAdapter.NativeToValue(v)
+		}
+	}
+	return w.decoded
+}
+
+func (w *jsonWhole) ConvertToNative(t reflect.Type) (any, error) { return w.whole().ConvertToNative(t) }
+func (w *jsonWhole) ConvertToType(t ref.Type) ref.Val            { return w.whole().ConvertToType(t) }
+func (w *jsonWhole) Equal(other ref.Val) ref.Val                 { return w.whole().Equal(other) }
+func (w *jsonWhole) Value() any                                  { return w.whole().Value() }
+func (w *jsonWhole) Contains(v ref.Val) ref.Val                  { return w.whole().(traits.Container).Contains(v) }
+func (w *jsonWhole) Iterator() traits.Iterator                   { return w.whole().(traits.Iterable).Iterator() }
+
+// jsonObject is a JSON object: a CEL map whose fields are read when
+// asked.
+type jsonObject struct{ jsonWhole }
+
+var _ traits.Mapper = (*jsonObject)(nil)
+
+func (o *jsonObject) Type() ref.Type { return types.MapType }
+
+// Find reads the field key: the last of that name, as encoding/json
+// decodes an object that names a field twice.
+func (o *jsonObject) Find(key ref.Val) (ref.Val, bool) {
+	name, ok := key.(types.String)
+	if !ok {
+		return o.whole().(traits.Mapper).Find(key)
+	}
+	var found gjson.Result
+	gjson.Parse(o.raw).ForEach(func(k, v gjson.Result) bool {
+		if k.String() == string(name) {
+			found = v
+		}
+		return true
+	})
+	if !found.Exists() {
+		return nil, false
+	}
+	return jsonVal(found), true
+}
+
+func (o *jsonObject) Get(key ref.Val) ref.Val {
+	if v, ok := o.Find(key); ok {
+		return v
+	}
+	return o.whole().(traits.Indexer).Get(key) // its error for a missing key
+}
+
+func (o *jsonObject) Size() ref.Val {
+	n := 0
+	gjson.Parse(o.raw).ForEach(func(_, _ gjson.Result) bool { n++; return true })
+	if n > 1 {
+		return o.whole().(traits.Sizer).Size() // a field named twice counts once
+	}
+	return types.Int(n)
+}
+
+// jsonArray is a JSON array: a CEL list whose elements are read when
+// asked.
+type jsonArray struct{ jsonWhole }
+
+var _ traits.Lister = (*jsonArray)(nil)
+
+func (a *jsonArray) Type() ref.Type { return types.ListType }
+
+func (a *jsonArray) Get(index ref.Val) ref.Val {
+	i, err := types.IndexOrError(index)
+	if err != nil {
+		return types.WrapErr(err)
+	}
+	var found gjson.Result
+	n := 0
+	gjson.Parse(a.raw).ForEach(func(_, v gjson.Result) bool {
+		if n == i {
+			found = v
+			return false
+		}
+		n++
+		return true
+	})
+	if !found.Exists() {
+		return a.whole().(traits.Indexer).Get(index) // its error for an index out of range
+	}
+	return jsonVal(found)
+}
+
+func (a *jsonArray) Size() ref.Val {
+	n := 0
+	gjson.Parse(a.raw).ForEach(func(_, _ gjson.Result) bool { n++; return true })
+	return types.Int(n)
+}
+
+func (a *jsonArray) Add(other ref.Val) ref.Val { return a.whole().(traits.Adder).Add(other) }
