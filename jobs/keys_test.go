@@ -149,3 +149,37 @@ func TestKeyedQuotaOverridesAndFallback(t *testing.T) {
 		t.Errorf("sluice_key_fallbacks_total = %v, want 20", got)
 	}
 }
+
+// TestKeyCostBounded: an expression whose work grows with the payload
+// stops at maxKeyCost (the task takes the limit's default key); one whose
+// work does not (a field selection) runs on the same payload.
+func TestKeyCostBounded(t *testing.T) {
+	var list strings.Builder
+	list.WriteString(`{"k": "v", "l": [0`)
+	for i := 1; i < 100_000; i++ {
+		list.WriteString(",1")
+	}
+	list.WriteString(`]}`)
+	payload := []byte(list.String())
+	for _, tc := range []struct {
+		source string
+		fails  bool
+	}{
+		{`payload.l.map(x, string(x)).join(",")`, true},
+		{`payload.l.exists(x, x == 2) ? "two" : "none"`, true},
+		{`payload.k`, false},
+	} {
+		k, err := compileKey(tc.source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := k.eval(newTaskVars("q", "id", "t", payload))
+		if tc.fails {
+			if err == nil || !strings.Contains(err.Error(), "cost limit") {
+				t.Errorf("%s over 100,000 elements = %.40q, %v; want the cost limit's error", tc.source, got, err)
+			}
+		} else if err != nil || got != "v" {
+			t.Errorf("%s = %q, %v; want v", tc.source, got, err)
+		}
+	}
+}
