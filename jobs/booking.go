@@ -69,7 +69,7 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	}
 	claims := r.claims
 	var vars *taskVars
-	if r.keyed || gs.fair[queue] != nil {
+	if r.keyed || r.fair {
 		vars = newTaskVars(queue, id, t.Type(), t.Payload())
 	}
 	if r.keyed {
@@ -236,11 +236,14 @@ func (s *Scheduler) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
 // book. Queues with fairness book every task: a fair share is counted task
 // by task (their routes have no pool, and keyed gates in them do not lend).
 func (s *Scheduler) lent(ctx context.Context, gs *gateSet, r *route, claims []claim, t *asynq.Task) (booking, bool) {
+	if !fresh(ctx, t) {
+		return booking{}, false
+	}
 	pool := r.pool
 	if r.keyed && !r.fair {
 		pool = gs.poolOf(claims, r.cost)
 	}
-	if pool == nil || !fresh(ctx, t) {
+	if pool == nil {
 		return booking{}, false
 	}
 	if ok, err := pool.Take(ctx); err != nil || !ok {

@@ -8,7 +8,7 @@ import (
 )
 
 // maxKeyedPools bounds the pools a gate set keeps for keyed gates. A pool
-// lends only while its lease lasts (at most 500ms), and a worker runs some
+// lends only while its lease lasts (at most 1s), and a worker runs some
 // thousands of tasks a second: a pool that 4,096 other key values' pools
 // were used after has mostly seen its lease end, so evicting it gives back
 // little. A pool with its lease is under a kilobyte: a few megabytes at

@@ -51,7 +51,7 @@ func runWorker(ctx context.Context, b *bench) error {
 	fmt.Fprintf(b.out, `
 ### worker: what the gates cost
 
-%s demo:noop tasks enqueued up front, then drained by one in-process asynq server (concurrency 20) on the same redis-server: plain, and with sluice's Scheduler middleware whose gates (1,000,000/s) are far above the load, so every task passes at once. Tasks take their turns from leases (throttle.Pool): one script call books a batch of turns on all of a task's gates, a batch lasts at most 500ms, and what it did not hand out is given back. %s
+%s demo:noop tasks enqueued up front, then drained by one in-process asynq server (concurrency 20) on the same redis-server: plain, and with sluice's Scheduler middleware whose gates (1,000,000/s) are far above the load, so every task passes at once. Tasks take their turns from leases (throttle.Pool): one script call books a batch of turns on all of a task's gates, a batch lasts at most 1s (here, the window less a batch's server time), and what it did not hand out is given back. %s
 
 | worker | tasks/s, median | CPU per task, median | ratio to plain asynq |
 |---|--:|--:|--:|
@@ -99,7 +99,7 @@ func runKeyed(ctx context.Context, b *bench) error {
 	fmt.Fprintf(b.out, `
 ### keyed: a quota per key value
 
-A quota keyed by the task (key: payload.k, %s values spread evenly over the tasks, each value's limit far above its load) beside the same quota unkeyed, on the same %s tasks, no drain, one in-process asynq server (concurrency 20). Both lend their turns from leases (throttle.Pool): the unkeyed quota from one pool, the keyed one from a pool per key value (at most 4,096 kept, the least recently used given back). A value's lease serves only that value's tasks within its span (at most 500ms), a few at this load, so the keyed quota still makes a script call every few tasks, where the unkeyed one makes one per lease of up to 256 turns. Script runs per task are EVALSHA calls from INFO commandstats (asynq's own included: plain asynq's are the baseline). %s
+A quota keyed by the task (key: payload.k, %s values spread evenly over the tasks, each value's limit far above its load) beside the same quota unkeyed, on the same %s tasks, no drain, one in-process asynq server (concurrency 20). Both lend their turns from leases (throttle.Pool): the unkeyed quota from one pool, the keyed one from a pool per key value (at most 4,096 kept, the least recently used given back). A value's lease serves only that value's tasks within its span (at most 1s, the bucket's window less a lease's server time), some 7 or 8 at this load, so the keyed quota still makes a script call every few tasks, where the unkeyed one makes one per lease of up to 256 turns. Script runs per task are EVALSHA calls from INFO commandstats (asynq's own included: plain asynq's are the baseline). %s
 
 | worker | tasks/s, median | script runs per task | CPU per task, median | ratio to plain asynq | ratio to the unkeyed quota |
 |---|--:|--:|--:|--:|--:|
