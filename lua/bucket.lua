@@ -24,9 +24,10 @@ local function new_bucket(key, spans_key, p)
   local ref, count, last, inline = 0, 0, 0, nil
   local state = redis.call('GET', key)
   if state then
-    local v = nums(state)
-    ref, self.blocked, count, last = v[1], v[2], v[3], v[4]
-    if count == 1 then inline = {v[5], v[6]} end
+    -- One match, not nums' gmatch: this parse is on every call's way.
+    local r, b, c, l, s, e = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
+    ref, self.blocked, count, last = tonumber(r), tonumber(b), tonumber(c), tonumber(l)
+    if count == 1 then inline = {tonumber(s), tonumber(e)} end
   end
 
   local function member(s) return string.format('%d %d', s[1], s[2]) end
