@@ -18,6 +18,11 @@ const (
 	// maxSettle caps the wait from a burst's first event: a file written
 	// again and again is still read, not only once the writes stop.
 	maxSettle = 500 * time.Millisecond
+	// confirm is how long a file that cannot be read or loaded must stay
+	// so before it is reported: a save in place is a truncate then a
+	// write, and on a busy disk the truncate alone was seen to take 450 ms,
+	// the file empty all along, with no event until it ended.
+	confirm = time.Second
 )
 
 // Watch reloads the config file at path with Load whenever its content
@@ -67,6 +72,11 @@ type watcher struct {
 	target string // where path leads, symlinks resolved; "" if it leads nowhere now
 	extra  string // the target's directory, when it is not path's and is watched
 	last   [sha256.Size]byte
+	// unconfirmed is the digest of content that did not load, read once:
+	// reported if it reads the same confirm later. readFailed: the same
+	// for a read that failed.
+	unconfirmed [sha256.Size]byte
+	readFailed  bool
 }
 
 // follow resolves path again and moves the watch of the target's directory
@@ -111,7 +121,6 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 	defer w.fsw.Close()
 	var quiet <-chan time.Time
 	var burst time.Time // the first event of the burst being settled
-	var last time.Time  // the latest event that counted
 	if stale {
 		burst, quiet = time.Now(), time.After(0)
 	}
@@ -129,28 +138,34 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 			if quiet == nil {
 				burst = now
 			}
-			last = now
 			quiet = time.After(min(settle, burst.Add(maxSettle).Sub(now)))
 		case <-quiet:
 			quiet = nil
-			// Still being written: the cap's read, not a quiet file's.
-			saving := time.Since(last) < settle
+			// A file that cannot be read or loaded may be mid-save (between
+			// a truncate and its write, or a remove and a rename): it is
+			// read again after confirm (or at the next event), and reported
+			// only if it reads the same then.
 			data, err := os.ReadFile(w.path)
 			if err != nil {
-				w.last = [sha256.Size]byte{}
+				if !w.readFailed {
+					w.readFailed, quiet = true, time.After(confirm)
+					continue
+				}
+				w.readFailed, w.last = false, [sha256.Size]byte{}
 				onError(fmt.Errorf("config: %w", err))
 				continue
 			}
+			w.readFailed = false
 			digest := sha256.Sum256(data)
 			if digest == w.last {
 				continue
 			}
 			f, err := load(w.path, data)
-			if err != nil && saving {
-				quiet = time.After(settle) // or at once at the next event: the cap has passed
+			if err != nil && digest != w.unconfirmed {
+				w.unconfirmed, quiet = digest, time.After(confirm)
 				continue
 			}
-			w.last = digest
+			w.last, w.unconfirmed = digest, [sha256.Size]byte{}
 			if err != nil {
 				onError(err)
 			} else {

@@ -271,8 +271,8 @@ func (s *Scheduler) block(quota string, until time.Time) {
 	}
 }
 
-// blockedUntil is the latest block on the quotas of a task of typ in queue that this
-// worker knows of, or the zero Time.
+// blockedUntil is the latest block on the quotas of a task of typ in queue
+// that this worker knows of, or the zero Time.
 func (s *Scheduler) blockedUntil(gs *gateSet, queue, typ string) time.Time {
 	var until time.Time
 	for _, g := range gs.routeOf(queue, typ).quotas {
