@@ -136,8 +136,8 @@ http: {allow: ['%s']}
 	w := startWorker(t, path)
 	enqueueRequests(t, u, queue, "r", tasks)
 	time.Sleep(2 * time.Second)
-	replace(t, path, config("-3")) // refused
-	time.Sleep(1500 * time.Millisecond)
+	replace(t, path, config("-3")) // refused, once it reads the same a second later
+	time.Sleep(2500 * time.Millisecond)
 	changed := time.Now()
 	replace(t, path, config("25"))
 	testkit.WaitFor(t, 30*time.Second, "all requests", func() bool { return len(u.All()) >= tasks })
