@@ -27,13 +27,7 @@ import (
 func jsonVal(r gjson.Result) ref.Val {
 	switch r.Type {
 	case gjson.String:
-		s := r.String()
-		if !utf8.ValidString(s) {
-			// encoding/json replaces invalid UTF-8 byte by byte: so does
-			// the decoded payload.
-			_ = json.Unmarshal([]byte(r.Raw), &s)
-		}
-		return types.String(s)
+		return types.String(jsonString(r))
 	case gjson.Number:
 		return types.Double(r.Num)
 	case gjson.True:
@@ -49,6 +43,16 @@ func jsonVal(r gjson.Result) ref.Val {
 	return types.NullValue
 }
 
+// jsonString is the string r, an object's key or a string value, as
+// encoding/json decodes it: invalid UTF-8 replaced byte by byte.
+func jsonString(r gjson.Result) string {
+	s := r.String()
+	if !utf8.ValidString(s) {
+		_ = json.Unmarshal([]byte(r.Raw), &s)
+	}
+	return s
+}
+
 // jsonWhole is an object's or an array's raw JSON, and its value decoded
 // whole, once something needs it.
 type jsonWhole struct {
@@ -56,7 +60,10 @@ type jsonWhole struct {
 	decoded ref.Val
 }
 
-// whole is the value encoding/json decodes, as CEL adapts it.
+// whole is the value encoding/json decodes, as CEL adapts it: a map or a
+// list, with every trait the methods below assert (raw is part of a
+// document json.Valid passed, so it decodes; were it not, the assertion's
+// panic is CEL's Eval's error, and the task takes the default key).
 func (w *jsonWhole) whole() ref.Val {
 	if w.decoded == nil {
 		var v any
@@ -93,7 +100,7 @@ func (o *jsonObject) Find(key ref.Val) (ref.Val, bool) {
 	}
 	var found gjson.Result
 	gjson.Parse(o.raw).ForEach(func(k, v gjson.Result) bool {
-		if k.String() == string(name) {
+		if jsonString(k) == string(name) {
 			found = v
 		}
 		return true

@@ -21,6 +21,7 @@ func TestPayloadReadAsDecoded(t *testing.T) {
 		`{"a": [1, "two", {"c": "three"}, [4]], "o": {"p": {"q": "deep"}}}`,
 		`{"k": "caf\u00e9 \"quoted\" \\ done", "e": {}, "l": []}`,
 		"{\"k\": \"bad \xff utf-8\"}",
+		"{\"\xff\": \"a key of bad utf-8\"}",
 		`["x", "y"]`,
 		`"just a string"`,
 		`7`,
@@ -30,6 +31,7 @@ func TestPayloadReadAsDecoded(t *testing.T) {
 	}
 	exprs := []string{
 		`payload.k`,
+		`payload["\uFFFD"]`,
 		`payload.n`,
 		`payload.f`,
 		`payload.b`,
