@@ -20,6 +20,11 @@ import (
 // reads its fields when asked; what an expression does with a whole one
 // (compare it, iterate it, take its size, convert it) decodes it with
 // encoding/json, so every result is the one the decoded payload gives.
+// A lazy read walks the object or array (fast: gjson skips what it does
+// not read, about 100 times faster than decoding it), so a read done again
+// (payload.want in payload.items.exists(x, x == payload.want)) gives the
+// value the last read gave, and after maxWalks walks the object or array
+// is decoded whole.
 
 // jsonVal is the CEL value of the JSON value r: a string, number (a
 // double, as encoding/json decodes it), bool or null; an object or array
@@ -53,11 +58,54 @@ func jsonString(r gjson.Result) string {
 	return s
 }
 
+// maxWalks bounds the walks of one object's or array's raw JSON for
+// reads (of different fields or elements: see jsonWhole.read); beyond it,
+// reads are from the value decoded whole, so that an expression's reads
+// cost at most about one decoding more than it.
+const maxWalks = 16
+
 // jsonWhole is an object's or an array's raw JSON, and its value decoded
 // whole, once something needs it.
 type jsonWhole struct {
 	raw     string
 	decoded ref.Val
+	walks   int
+	// The last read that walked, and what it found (nil for nothing),
+	// given again to a read of the same.
+	lastAt readAt
+	last   ref.Val
+}
+
+// readAt is what a read reads: an object's field, an array's element, or
+// the size of either (sizeRead).
+type readAt struct {
+	field string
+	index int
+	size  bool
+}
+
+var sizeRead = readAt{size: true}
+
+// read is what walk finds at, or false if walking is done with: decoded,
+// or walked maxWalks times.
+func (w *jsonWhole) read(at readAt, walk func() ref.Val) (v ref.Val, ok bool) {
+	if w.walks > 0 && at == w.lastAt {
+		return w.last, true
+	}
+	if w.decoded != nil || w.walks == maxWalks {
+		return nil, false
+	}
+	w.walks++
+	w.lastAt, w.last = at, walk()
+	return w.last, true
+}
+
+// field is the value r found, or nil if it found nothing.
+func field(r gjson.Result) ref.Val {
+	if !r.Exists() {
+		return nil
+	}
+	return jsonVal(r)
 }
 
 // whole is the value encoding/json decodes, as CEL adapts it: a map or a
@@ -98,17 +146,20 @@ func (o *jsonObject) Find(key ref.Val) (ref.Val, bool) {
 	if !ok {
 		return o.whole().(traits.Mapper).Find(key)
 	}
-	var found gjson.Result
-	gjson.Parse(o.raw).ForEach(func(k, v gjson.Result) bool {
-		if jsonString(k) == string(name) {
-			found = v
-		}
-		return true
+	found, ok := o.read(readAt{field: string(name)}, func() ref.Val {
+		var found gjson.Result
+		gjson.Parse(o.raw).ForEach(func(k, v gjson.Result) bool {
+			if jsonString(k) == string(name) {
+				found = v
+			}
+			return true
+		})
+		return field(found)
 	})
-	if !found.Exists() {
-		return nil, false
+	if !ok {
+		return o.whole().(traits.Mapper).Find(key)
 	}
-	return jsonVal(found), true
+	return found, found != nil
 }
 
 func (o *jsonObject) Get(key ref.Val) ref.Val {
@@ -118,13 +169,18 @@ func (o *jsonObject) Get(key ref.Val) ref.Val {
 	return o.whole().(traits.Indexer).Get(key) // its error for a missing key
 }
 
+// Size counts the fields when there are fewer than 2, and otherwise the
+// fields of the object decoded whole: a field named twice counts once.
 func (o *jsonObject) Size() ref.Val {
-	n := 0
-	gjson.Parse(o.raw).ForEach(func(_, _ gjson.Result) bool { n++; return true })
-	if n > 1 {
-		return o.whole().(traits.Sizer).Size() // a field named twice counts once
+	n, ok := o.read(sizeRead, func() ref.Val {
+		n := 0
+		gjson.Parse(o.raw).ForEach(func(_, _ gjson.Result) bool { n++; return n < 2 })
+		return types.Int(n)
+	})
+	if !ok || n.(types.Int) > 1 {
+		return o.whole().(traits.Sizer).Size()
 	}
-	return types.Int(n)
+	return n
 }
 
 // jsonArray is a JSON array: a CEL list whose elements are read when
@@ -140,26 +196,35 @@ func (a *jsonArray) Get(index ref.Val) ref.Val {
 	if err != nil {
 		return types.WrapErr(err)
 	}
-	var found gjson.Result
-	n := 0
-	gjson.Parse(a.raw).ForEach(func(_, v gjson.Result) bool {
-		if n == i {
-			found = v
-			return false
-		}
-		n++
-		return true
+	found, ok := a.read(readAt{index: i}, func() ref.Val {
+		var found gjson.Result
+		n := 0
+		gjson.Parse(a.raw).ForEach(func(_, v gjson.Result) bool {
+			if n == i {
+				found = v
+				return false
+			}
+			n++
+			return true
+		})
+		return field(found)
 	})
-	if !found.Exists() {
+	if !ok || found == nil {
 		return a.whole().(traits.Indexer).Get(index) // its error for an index out of range
 	}
-	return jsonVal(found)
+	return found
 }
 
 func (a *jsonArray) Size() ref.Val {
-	n := 0
-	gjson.Parse(a.raw).ForEach(func(_, _ gjson.Result) bool { n++; return true })
-	return types.Int(n)
+	n, ok := a.read(sizeRead, func() ref.Val {
+		n := 0
+		gjson.Parse(a.raw).ForEach(func(_, _ gjson.Result) bool { n++; return true })
+		return types.Int(n)
+	})
+	if !ok {
+		return a.whole().(traits.Sizer).Size()
+	}
+	return n
 }
 
 func (a *jsonArray) Add(other ref.Val) ref.Val { return a.whole().(traits.Adder).Add(other) }
