@@ -298,6 +298,15 @@ tasks: {'http:request': {quotas: [nope], cost: -1}}`,
 				"tasks.http:request.quotas: names quota",
 				"tasks.http:request.cost: must be >= 1, got -1",
 			}},
+		// asynq refuses an empty task type or queue name; a task of another
+		// type must not take the limits of one named "".
+		{desc: "empty task type and queue names", yaml: addr + `
+queues: {"": {drain: {algorithm: leaky_bucket, limit: 1, period: 1s}}}
+tasks: {"": {cost: 1}}`,
+			want: []string{
+				`queues."": a queue's name must not be empty`,
+				`tasks."": a task type must not be empty`,
+			}},
 		{desc: "bad environment value", yaml: addr, env: map[string]string{"SLUICE_WORKER_CONCURRENCY": "ten"},
 			want: []string{`worker.concurrency: must be a whole number, got "ten" (from SLUICE_WORKER_CONCURRENCY)`}},
 		{desc: "bad environment duration", yaml: addr, env: map[string]string{"SLUICE_WORKER_HOLD_MAX": "5"},

@@ -272,6 +272,17 @@ func (c Config) Validate() []error {
 	if _, err := ParseAllowList(c.HTTP.Allow); err != nil {
 		errs = append(errs, err)
 	}
+	// asynq refuses empty task types and queue names; and "" stands for
+	// every task type the config does not name (see gateSet.routeOf).
+	if _, ok := c.Queues[""]; ok {
+		bad(`queues.""`, "a queue's name must not be empty")
+	}
+	if _, ok := c.Quotas[""]; ok {
+		bad(`quotas.""`, "a quota's name must not be empty")
+	}
+	if _, ok := c.Tasks[""]; ok {
+		bad(`tasks.""`, "a task type must not be empty")
+	}
 	for _, name := range sortedKeys(c.Queues) {
 		q := c.Queues[name]
 		key := "queues." + name
