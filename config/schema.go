@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net/url"
 	"os"
@@ -59,21 +60,31 @@ func compileSchemas(f File, dir string) (map[string]*jsonschema.Schema, []error)
 
 // compileSchema compiles the JSON Schema in file: 2020-12 unless its
 // $schema names another draft; formats ("format": "email") are checked,
-// not only noted. It may refer ($ref) to other files, not to URLs.
+// not only noted. It may refer ($ref) to files in its own directory or below
+// it, and to nothing else (see schemaFileLoader).
 func compileSchema(file string) (*jsonschema.Schema, error) {
 	doc, err := readSchema(file)
 	if err != nil {
 		return nil, err
 	}
+	loader, err := newSchemaFileLoader(filepath.Dir(file))
+	if err != nil {
+		return nil, err
+	}
+	defer loader.root.Close()
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
 	c.AssertFormat()
-	c.UseLoader(jsonschema.SchemeURLLoader{"file": schemaFileLoader{}})
+	c.UseLoader(loader)
 	if err := c.AddResource(file, doc); err != nil {
 		return nil, fmt.Errorf("%s: %s", file, oneLine(err))
 	}
 	schema, err := c.Compile(file)
-	if err != nil {
+	var load *jsonschema.LoadURLError
+	switch {
+	case errors.As(err, &load):
+		return nil, fmt.Errorf("%s: $ref %s: %v", file, load.URL, load.Err)
+	case err != nil:
 		return nil, fmt.Errorf("%s is not a valid JSON Schema: %s", file, oneLine(err))
 	}
 	return schema, nil
@@ -86,30 +97,74 @@ func readSchema(file string) (any, error) {
 		return nil, fmt.Errorf("cannot read the schema: %w", err)
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxSchemaSize+1))
+	return decodeSchema(file, f)
+}
+
+// decodeSchema parses the schema named name from r, reading at most
+// maxSchemaSize bytes.
+func decodeSchema(name string, r io.Reader) (any, error) {
+	data, err := io.ReadAll(io.LimitReader(r, maxSchemaSize+1))
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("cannot read the schema %s: %w", file, err)
+		return nil, fmt.Errorf("cannot read the schema %s: %w", name, err)
 	case len(data) > maxSchemaSize:
-		return nil, fmt.Errorf("%s is larger than %d KiB; a payload's schema should be far smaller", file, maxSchemaSize>>10)
+		return nil, fmt.Errorf("%s is larger than %d KiB; a payload's schema should be far smaller", name, maxSchemaSize>>10)
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
 	if err != nil {
-		return nil, fmt.Errorf("%s is not JSON: %v", file, err)
+		return nil, fmt.Errorf("%s is not JSON: %w", name, err)
 	}
 	return doc, nil
 }
 
 // schemaFileLoader loads the files a schema refers to, bounded as the
-// schema itself is.
-type schemaFileLoader struct{}
+// schema itself is, and only those in the schema's directory or below it:
+// a $ref is the schema author's to write, and must not read /etc/passwd or
+// a secret beside the config. Every $ref reaches it resolved to an absolute
+// URL, so one check covers "../x.json", file:// URLs and a $id that moves
+// the base; opening through an os.Root covers symlinks that lead out.
+type schemaFileLoader struct {
+	dir  string   // the schema's directory, absolute, as the library's URLs spell it
+	root *os.Root // dir, opened
+}
 
-func (schemaFileLoader) Load(rawURL string) (any, error) {
-	u, err := url.Parse(rawURL)
+func newSchemaFileLoader(dir string) (schemaFileLoader, error) {
+	dir, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, err
+		return schemaFileLoader{}, fmt.Errorf("cannot read the schema's directory: %w", err)
 	}
-	return readSchema(filepath.FromSlash(u.Path))
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return schemaFileLoader{}, fmt.Errorf("cannot read the schema's directory: %w", err)
+	}
+	return schemaFileLoader{dir: dir, root: root}, nil
+}
+
+func (l schemaFileLoader) Load(rawURL string) (any, error) {
+	refused := fmt.Errorf("refused: a schema may refer only to files in its own directory (%s) or below it, by a relative path: no URLs, no paths or symlinks out of it", l.dir)
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "file" || u.Host != "" {
+		return nil, refused
+	}
+	rel, err := filepath.Rel(l.dir, filepath.FromSlash(u.Path))
+	if err != nil || !filepath.IsLocal(rel) {
+		return nil, refused
+	}
+	f, err := l.root.Open(rel)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("no such file in %s", l.dir)
+	case err != nil:
+		// Among others, a symlink that leads out of the directory.
+		return nil, refused
+	}
+	defer f.Close()
+	doc, err := decodeSchema(rel, f)
+	if syntax := (*json.SyntaxError)(nil); errors.As(err, &syntax) {
+		// The parser's message quotes the character it met.
+		return nil, fmt.Errorf("%s is not JSON: a syntax error at byte %d", rel, syntax.Offset)
+	}
+	return doc, err
 }
 
 // oneLine puts the library's multi-line messages on one line, for a

@@ -121,7 +121,7 @@ func TestSchemaProblems(t *testing.T) {
 		{desc: "not a schema", schema: `{"type": "strin"}`, want: "is not a valid JSON Schema"},
 		{desc: "a schema of the wrong shape", schema: `{"properties": []}`, want: "is not a valid JSON Schema"},
 		{desc: "too large", schema: `{"description": "` + strings.Repeat("x", maxSchemaSize) + `"}`, want: "is larger than 1024 KiB"},
-		{desc: "a reference to a URL", schema: `{"$ref": "https://example.com/schema.json"}`, want: "is not a valid JSON Schema"},
+		{desc: "a reference to a URL", schema: `{"$ref": "https://example.com/schema.json"}`, want: "$ref https://example.com/schema.json: refused: a schema may refer only to files in its own directory"},
 		{desc: "a reference to a missing file", schema: `{"$ref": "other.json"}`, want: "other.json"},
 	} {
 		files := map[string]string{"config.yaml": `
@@ -158,5 +158,88 @@ func TestSchemaReferences(t *testing.T) {
 	}
 	if err := f.CheckPayload("email:send", []byte(`{"to": "ab"}`)); err == nil || !strings.Contains(err.Error(), "payload /to: minLength") {
 		t.Errorf("CheckPayload through a $ref = %v, want the referred file's minLength at /to", err)
+	}
+}
+
+// TestSchemaReferencesStayBeside (19.12): a $ref reads only files in the
+// schema's own directory or below it. A path out of it, a file:// URL, a
+// $id that moves the base out, and a symlink that leads out (a file or a
+// directory) are each a problem naming the ref and the rule, and say nothing
+// of what the file outside holds; files below the schema's directory, and
+// symlinks that stay in it, are read.
+func TestSchemaReferencesStayBeside(t *testing.T) {
+	const secret = `{"description": "s3cret", "type": "string"}`
+	for _, tt := range []struct {
+		desc   string
+		schema string // DIR stands for the test's directory, absolute
+		ref    string // what the problem names
+	}{
+		{desc: "a path out of the directory", schema: `{"$ref": "../outside/secret.json"}`, ref: "/outside/secret.json"},
+		{desc: "a file:// URL out of it", schema: `{"$ref": "file://DIR/outside/secret.json"}`, ref: "/outside/secret.json"},
+		{desc: "a file:// URL to a file that is not JSON", schema: `{"$ref": "file://DIR/outside/passwd"}`, ref: "/outside/passwd"},
+		{desc: "a $id that moves the base out", schema: `{"$id": "file://DIR/outside/", "$ref": "secret.json"}`, ref: "/outside/secret.json"},
+		{desc: "a symlink to a file out of it", schema: `{"$ref": "linked.json"}`, ref: "/schemas/linked.json"},
+		{desc: "a path through a symlinked directory", schema: `{"$ref": "linked-dir/secret.json"}`, ref: "/schemas/linked-dir/secret.json"},
+		{desc: "a URL with a host", schema: `{"$ref": "file://elsewhereDIR/schemas/ok.json"}`, ref: "file://elsewhere"},
+	} {
+		dir := writeFiles(t, map[string]string{
+			"config.yaml":         "redis: {addr: 127.0.0.1:6379}\ntasks:\n  email:send: {schema: schemas/email.json}\n",
+			"schemas/ok.json":     `{"type": "string"}`,
+			"outside/secret.json": secret,
+			"outside/passwd":      "root:x:0:0:root:/root:/bin/bash\n",
+		})
+		for link, target := range map[string]string{"schemas/linked.json": "../outside/secret.json", "schemas/linked-dir": "../outside"} {
+			if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "schemas/email.json"), []byte(strings.ReplaceAll(tt.schema, "DIR", dir)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(filepath.Join(dir, "config.yaml"))
+		if err == nil {
+			t.Errorf("%s: Load read the file out of the schema's directory, want a problem", tt.desc)
+			continue
+		}
+		got := err.Error()
+		if !strings.Contains(got, "tasks.email:send.schema") || !strings.Contains(got, tt.ref) ||
+			!strings.Contains(got, "$ref file://") ||
+			!strings.Contains(got, "refused: a schema may refer only to files in its own directory") {
+			t.Errorf("%s: Load = %q, want a problem naming tasks.email:send.schema, the ref %s and the rule", tt.desc, got, tt.ref)
+		}
+		for _, leak := range []string{"s3cret", "invalid character", "'r'", "root"} {
+			if strings.Contains(got, leak) {
+				t.Errorf("%s: Load = %q, which tells of the file's content (%q)", tt.desc, got, leak)
+			}
+		}
+	}
+
+	// A file in the directory that is not JSON (a config holding a
+	// password, say) is named with where it breaks, not what it holds.
+	dir := writeFiles(t, map[string]string{
+		"config.yaml": "redis: {addr: 127.0.0.1:6379, password: hunter2}\ntasks:\n  email:send: {schema: email.json}\n",
+		"email.json":  `{"$ref": "config.yaml"}`,
+	})
+	_, err := Load(filepath.Join(dir, "config.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "config.yaml is not JSON: a syntax error at byte 1") || strings.Contains(err.Error(), "'r'") {
+		t.Errorf("a $ref to a file beside it that is not JSON: Load = %v, want it named with the byte where it breaks, and no character of it", err)
+	}
+
+	dir = writeFiles(t, map[string]string{
+		"config.yaml":               "redis: {addr: 127.0.0.1:6379}\ntasks:\n  email:send: {schema: schemas/email.json}\n",
+		"schemas/email.json":        `{"type": "object", "properties": {"to": {"$ref": "defs/address.json"}, "cc": {"$ref": "alias.json"}}}`,
+		"schemas/defs/address.json": `{"type": "string", "minLength": 3}`,
+	})
+	if err := os.Symlink("defs/address.json", filepath.Join(dir, "schemas/alias.json")); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Load(filepath.Join(dir, "config.yaml"))
+	if err != nil {
+		t.Fatalf("a file below the schema's directory and a symlink that stays in it: %v", err)
+	}
+	for _, field := range []string{"to", "cc"} {
+		if err := f.CheckPayload("email:send", []byte(`{"`+field+`": "ab"}`)); err == nil || !strings.Contains(err.Error(), "payload /"+field+": minLength") {
+			t.Errorf("CheckPayload through the $ref of %s = %v, want defs/address.json's minLength", field, err)
+		}
 	}
 }

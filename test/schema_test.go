@@ -105,8 +105,10 @@ tasks:
 }
 
 // TestSchemaFileProblems: a schema file that is missing or is not a valid
-// schema stops enqueue, enqueue serve and the worker at start with exit
-// code 2, naming tasks.<type>.schema and the problem.
+// schema, or that refers to a file out of its directory (19.12: the file was
+// read, and its first byte told in the error), stops enqueue, enqueue serve
+// and the worker at start with exit code 2, naming tasks.<type>.schema and
+// the problem.
 func TestSchemaFileProblems(t *testing.T) {
 	for _, tt := range []struct {
 		desc, schema, want string
@@ -114,6 +116,8 @@ func TestSchemaFileProblems(t *testing.T) {
 		{desc: "missing", want: "tasks.email:send.schema: cannot read the schema: open "},
 		{desc: "not a schema", schema: `{"type": "strin"}`, want: "tasks.email:send.schema: "},
 		{desc: "not JSON", schema: `{"type": `, want: "is not JSON"},
+		{desc: "a $ref out of its directory", schema: `{"$ref": "file:///etc/passwd"}`,
+			want: "$ref file:///etc/passwd: refused: a schema may refer only to files in its own directory"},
 	} {
 		dir := t.TempDir()
 		if tt.schema != "" {
@@ -134,6 +138,9 @@ func TestSchemaFileProblems(t *testing.T) {
 			exit, _ := err.(*exec.ExitError)
 			if exit == nil || exit.ExitCode() != 2 || !strings.Contains(string(out), tt.want) {
 				t.Errorf("%s: %q: %v\n%s\nwant exit 2 saying %q", tt.desc, args, err, out, tt.want)
+			}
+			if strings.Contains(string(out), "invalid character") && tt.desc != "not JSON" {
+				t.Errorf("%s: %q:\n%s\nwant nothing said of the content of a file it may not read", tt.desc, args, out)
 			}
 			if tt.desc == "not a schema" && !strings.Contains(string(out), "not a valid JSON Schema") {
 				t.Errorf("%s: %q:\n%s\nwant it to say it is not a valid JSON Schema", tt.desc, args, out)
