@@ -40,7 +40,13 @@ type intakeServer struct {
 // until it answers.
 func startIntake(t *testing.T, gateway string, queues ...string) *intakeServer {
 	t.Helper()
-	addr, metrics := freeAddr(t), freeAddr(t)
+	return startIntakeOn(t, freeAddr(t), gateway, queues...)
+}
+
+// startIntakeOn is startIntake serving on addr, an IPv4 host:port.
+func startIntakeOn(t *testing.T, addr, gateway string, queues ...string) *intakeServer {
+	t.Helper()
+	metrics := freeAddr(t)
 	var b strings.Builder
 	fmt.Fprintf(&b, "redis: {addr: %s}\n", redisAddr(t))
 	if len(queues) > 0 {
@@ -506,5 +512,96 @@ func TestIntakeConnectionsAndMetrics(t *testing.T) {
 		t.Errorf("after one connection closed: %v, want an answer", err)
 	} else {
 		resp.Body.Close()
+	}
+}
+
+// offLoopbackAddr is a free port on an IPv4 address of this machine that is
+// not loopback: an intake serving there is off loopback, as on 0.0.0.0,
+// without the test listening on every interface. The test is skipped on a
+// machine with no such address.
+func offLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		ipnet, ok := a.(*net.IPNet)
+		if !ok || ipnet.IP.To4() == nil || ipnet.IP.IsLoopback() || !ipnet.IP.IsGlobalUnicast() {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(ipnet.IP.String(), "0"))
+		if err != nil {
+			continue
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	t.Skip("this machine has no IPv4 address but loopback to serve the intake on")
+	return ""
+}
+
+// TestIntakeRevokedKeys (19.2): the start-time rule holds after every live
+// reload of an intake off loopback. A revoked key is refused (401) by the
+// first request after the reload is in force; with its last client revoked,
+// the intake refuses every request, with the revoked key, another or none,
+// 503 saying it has no clients configured, and says so in its log; a client
+// configured again is let in. On main, the reload to no clients logged
+// "config change in force clients=0" and let every request in (202).
+func TestIntakeRevokedKeys(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	client := func(name string) string {
+		return fmt.Sprintf("{name: %s, key_sha256: %s}", name, keyHash(name+"-secret"))
+	}
+	s := startIntakeOn(t, offLoopbackAddr(t), fmt.Sprintf("  clients: [%s, %s]\n", client("alice"), client("bob")), queue)
+	reloads := 0
+	reload := func(clients ...string) {
+		t.Helper()
+		b, err := os.ReadFile(s.config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := strings.Index(string(b), "  clients: ")
+		changed := string(b[:i]) + "  clients: [" + strings.Join(clients, ", ") + "]\n"
+		if err := os.WriteFile(s.config, []byte(changed), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		reloads++
+		testkit.WaitFor(t, 10*time.Second, "the config change to be in force", func() bool {
+			log, _ := os.ReadFile(s.log)
+			return strings.Count(string(log), "config change in force") == reloads
+		})
+	}
+	noop := fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, queue)
+	check := func(desc, key string, want int, saying string) {
+		t.Helper()
+		headers := map[string]string{}
+		if key != "" {
+			headers["X-API-Key"] = key
+		}
+		if status, body := s.send(t, noop, headers); status != want || !strings.Contains(body, saying) {
+			t.Errorf("%s: %d %s, want %d saying %q", desc, status, body, want, saying)
+		}
+	}
+	check("alice before any change", "alice-secret", http.StatusAccepted, `"id"`)
+
+	reload(client("bob"))
+	check("alice's revoked key", "alice-secret", http.StatusUnauthorized, "unknown API key")
+	check("bob's key", "bob-secret", http.StatusAccepted, `"id"`)
+
+	reload()
+	const closed = "no clients configured"
+	check("bob's revoked key, with no clients left", "bob-secret", http.StatusServiceUnavailable, closed)
+	check("no key, with no clients left", "", http.StatusServiceUnavailable, closed)
+	check("a made-up key, with no clients left", "guess", http.StatusServiceUnavailable, closed)
+	if log, _ := os.ReadFile(s.log); !strings.Contains(string(log), "the intake has no clients configured and refuses every request") {
+		t.Errorf("the log does not say that the intake refuses every request:\n%s", tail(string(log), 5))
+	}
+
+	reload(client("carol"))
+	check("carol, configured after", "carol-secret", http.StatusAccepted, `"id"`)
+	check("no key, with carol configured", "", http.StatusUnauthorized, "an API key is required")
+	if n := queueSize(t, redisAddr(t), queue); n != 3 {
+		t.Errorf("%d tasks in the queue, want the 3 answered 202", n)
 	}
 }

@@ -53,7 +53,7 @@ func newServeCommand(a *app) *cobra.Command {
                   202 {"id": ..., "queue": ...}; 400 bad input; 401 missing or
                   unknown API key (X-API-Key); 403 a type or queue the client
                   may not use; 409 task id taken; 429 over a limit or banned
-                  (Retry-After); 503 Redis failed
+                  (Retry-After); 503 Redis failed, or no clients configured
   GET  /healthz   200 ok
 
 Prometheus /metrics is served apart, on gateway.metrics_addr (loopback by
@@ -62,7 +62,9 @@ gateway.types and a queue under queues. Bans are checked, then the API key
 (gateway.clients), then the body is read, then the limits of gateway.limits
 are checked together, all or nothing; a client that keeps being refused is
 banned (gateway.ban). An intake that listens beyond loopback needs
-gateway.clients, or gateway.allow_anonymous: true.`,
+gateway.clients, or gateway.allow_anonymous: true: it does not start without
+them, and a live change that removes its last client leaves it answering
+every request 503 until the config names one again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.serve(cmd, listen)
@@ -80,9 +82,9 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 	if listen == "" {
 		listen = f.Gateway.Listen
 	}
-	if len(f.Gateway.Clients) == 0 && !f.Gateway.AllowAnonymous && !isLoopback(listen) {
-		return badInput(fmt.Errorf("serve: gateway.listen %s is not a loopback address and gateway.clients names no API key: "+
-			"anyone who reaches it could enqueue; add gateway.clients, or set gateway.allow_anonymous: true to serve anonymous clients on purpose", listen))
+	f.Gateway.Listen = listen
+	if err := noClients(f.Gateway); err != nil {
+		return badInput(fmt.Errorf("serve: %w", err))
 	}
 	limits, err := gatewayLimits(f.Gateway)
 	if err != nil {
@@ -149,7 +151,13 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 		metricsSrv.Shutdown(shutdown)
 	}()
 	config.Watch(ctx, a.configPath, f, func(f config.File) {
-		in.rules.Store(newRules(f))
+		f.Gateway.Listen = listen // the listener is bound: another address needs a restart
+		r := newRules(f)
+		in.rules.Store(r)
+		if r.closed != nil {
+			log.Error("config change in force: the intake has no clients configured and refuses every request (503)", "clients", 0, "err", r.closed)
+			return
+		}
 		log.Info("config change in force: gateway.clients, gateway.types and the queues", "clients", len(f.Gateway.Clients))
 	}, func(err error) {
 		log.Error("config change refused; the last good clients stay in force", "err", err)
@@ -161,6 +169,18 @@ func (a *app) serve(cmd *cobra.Command, listen string) error {
 		return err
 	}
 	return nil
+}
+
+// noClients says why an intake with gateway g, serving on g.Listen, must let
+// no one in: off loopback, with no API key configured and anonymous clients
+// not allowed on purpose. nil if it may serve. It is checked at start and
+// after every reload, so that revoking the last key never opens the intake.
+func noClients(g config.Gateway) error {
+	if len(g.Clients) > 0 || g.AllowAnonymous || isLoopback(g.Listen) {
+		return nil
+	}
+	return fmt.Errorf("gateway.listen %s is not a loopback address and gateway.clients names no API key: "+
+		"anyone who reaches it could enqueue; add gateway.clients, or set gateway.allow_anonymous: true to serve anonymous clients on purpose", g.Listen)
 }
 
 // isLoopback reports whether a listen address host:port reaches only this
@@ -249,10 +269,20 @@ type clientKey struct{}
 
 // authenticate lets in a request whose API key is a known client's, or
 // one without a key when anonymous clients are allowed; others are
-// answered 401, and the refusal counts toward a ban on their address.
+// answered 401, and the refusal counts toward a ban on their address. An
+// intake whose config leaves it no clients (see noClients) answers every
+// request 503: the client did nothing wrong, and a ban would outlast the fix.
 func (in *intake) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := in.rules.Load().client(r.Header.Get(apiKeyHeader))
+		rules := in.rules.Load()
+		if rules.closed != nil {
+			w.Header().Set("Connection", "close")
+			in.answer(w, http.StatusServiceUnavailable, map[string]string{
+				"error": "this intake has no clients configured and refuses every request until its config names one " +
+					"(gateway.clients) or allows anonymous clients (gateway.allow_anonymous)"})
+			return
+		}
+		c, err := rules.client(r.Header.Get(apiKeyHeader))
 		if err != nil {
 			in.limiter.Refused(r)
 			w.Header().Set("WWW-Authenticate", `APIKey header="`+apiKeyHeader+`"`)
@@ -308,6 +338,7 @@ func (in *intake) answer(w http.ResponseWriter, code int, body map[string]string
 // the task types it takes and their payloads' schemas, the queues workers
 // serve.
 type rules struct {
+	closed    error // non-nil: no one may come in, and why (see noClients)
 	clients   []*client
 	anonymous *client // nil: every request needs a known API key
 	types     []string
@@ -323,10 +354,11 @@ type client struct {
 	queues []string
 }
 
+// newRules are the rules of f, for an intake serving on f.Gateway.Listen.
 func newRules(f config.File) *rules {
 	queues := slices.Sorted(maps.Keys(f.Jobs.Queues))
 	g := f.Gateway
-	r := &rules{types: g.Types, queues: queues, payloads: f}
+	r := &rules{closed: noClients(g), types: g.Types, queues: queues, payloads: f}
 	for _, c := range g.Clients {
 		k := &client{name: c.Name, types: c.Types, queues: c.Queues}
 		if len(k.queues) == 0 {
