@@ -141,22 +141,23 @@ func newSchemaFileLoader(dir string) (schemaFileLoader, error) {
 }
 
 func (l schemaFileLoader) Load(rawURL string) (any, error) {
-	refused := fmt.Errorf("refused: a schema may refer only to files in its own directory (%s) or below it, by a relative path: no URLs, no paths or symlinks out of it", l.dir)
+	rule := fmt.Sprintf("a schema may refer only to files in its own directory (%s) or below it, by a relative path: no URLs, no paths or symlinks out of it", l.dir)
 	u, err := url.Parse(rawURL)
 	if err != nil || u.Scheme != "file" || u.Host != "" {
-		return nil, refused
+		return nil, errors.New("refused: " + rule)
 	}
 	rel, err := filepath.Rel(l.dir, filepath.FromSlash(u.Path))
 	if err != nil || !filepath.IsLocal(rel) {
-		return nil, refused
+		return nil, errors.New("refused: " + rule)
 	}
 	f, err := l.root.Open(rel)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("no such file in %s", l.dir)
 	case err != nil:
-		// Among others, a symlink that leads out of the directory.
-		return nil, refused
+		// A symlink that leads out of the directory is refused here, by
+		// the os.Root: "openat x.json: path escapes from parent".
+		return nil, fmt.Errorf("refused: %v; %s", err, rule)
 	}
 	defer f.Close()
 	doc, err := decodeSchema(rel, f)
