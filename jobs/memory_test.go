@@ -163,9 +163,9 @@ func (h *heapBound) check(keys, of int) int64 {
 }
 
 // keysAtScale is how many key values a memory test goes through: its
-// bound's worth (about a minute and a half for 10,000), or a 128th with
-// -short or under the race detector, which reads JSON at some 10 MB/s
-// (each key value's task brings a payload of 1 MiB).
+// bound's worth (some 10 ms a key value), or a 128th with -short or under
+// the race detector, which reads JSON at some 10 MB/s (each key value's
+// task brings a payload of 1 MiB).
 func keysAtScale(bound int) int {
 	if testing.Short() || testkit.RaceEnabled {
 		return bound / 128
