@@ -54,6 +54,8 @@ type fairGate struct {
 	// go straight to its line.
 	mu     sync.Mutex
 	parked map[string]time.Time
+	// sweepAt: when refused next drops the views that ended.
+	sweepAt time.Time
 }
 
 func newFairGate(rdb redis.UniversalClient, queue string, drain LimitConfig, f FairnessConfig, clock throttle.Clock) (*fairGate, error) {
@@ -147,18 +149,19 @@ const maxParkedViews = 10_000
 func (f *fairGate) refused(key string, now time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.parked == nil {
-		f.parked = map[string]time.Time{}
-	}
-	if len(f.parked) >= maxParkedViews {
+	if !now.Before(f.sweepAt) {
+		// Into a new map: a Go map keeps its size after deletes. Every view
+		// kept now ends within fairParkedView, by the next sweep.
+		fresh := map[string]time.Time{}
 		for k, until := range f.parked {
-			if !now.Before(until) {
-				delete(f.parked, k)
+			if now.Before(until) {
+				fresh[k] = until
 			}
 		}
-		if len(f.parked) >= maxParkedViews {
-			return // every one is fresh: this key asks each time
-		}
+		f.parked, f.sweepAt = fresh, now.Add(fairParkedView)
+	}
+	if len(f.parked) >= maxParkedViews {
+		return // full of views from the last second or two: this key asks each time
 	}
 	f.parked[key] = now.Add(fairParkedView)
 }

@@ -21,11 +21,11 @@ import (
 )
 
 // newScheduler is a Scheduler on cfg whose limits live on rdb, on the
-// system clock, closed when the test ends.
-func newScheduler(t *testing.T, rdb redis.UniversalClient, cfg Config) *Scheduler {
+// system clock unless opts give another, closed when the test ends.
+func newScheduler(t *testing.T, rdb redis.UniversalClient, cfg Config, opts ...Option) *Scheduler {
 	t.Helper()
 	s, err := NewScheduler(rdb, asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
-		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package jobs
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -171,7 +173,7 @@ func (k *keyExpr) eval(v *taskVars) (string, error) {
 	}
 	switch x := out.Value().(type) {
 	case string:
-		return x, nil
+		return keyValue(x), nil
 	case int64:
 		return strconv.FormatInt(x, 10), nil
 	case uint64:
@@ -183,6 +185,21 @@ func (k *keyExpr) eval(v *taskVars) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("gave %s %v, want a string", out.Type(), out.Value())
+}
+
+// keyValue is a string key value as it leaves the evaluation: a copy, at
+// most maxKeyName bytes. The evaluation's strings are pieces of the
+// payload (payload.go reads it in place, and host() cuts its argument), so
+// a key value kept in a map that outlives the task (keyed pools, parked
+// views, the local policy's state) would keep the whole payload alive. A
+// longer value is named by its hash: distinct values stay distinct, and no
+// override or weight could name it anyway (they are at most maxKeyName).
+func keyValue(s string) string {
+	if len(s) > maxKeyName {
+		sum := sha256.Sum256([]byte(s))
+		return "sha256:" + hex.EncodeToString(sum[:16])
+	}
+	return strings.Clone(s)
 }
 
 // celHost is host(url): the URL's host name in lower case, without port.

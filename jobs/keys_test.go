@@ -83,6 +83,9 @@ func TestKeyValues(t *testing.T) {
 		{"not JSON", `payload.a`, `not json`, "", true},
 		{"host without one", `host(payload.url)`, `{"url": "/relative"}`, "", true},
 		{"a list", `payload.a`, `{"a": [1]}`, "", true},
+		{"the longest kept", `payload.a`, `{"a": "` + strings.Repeat("x", maxKeyName) + `"}`, strings.Repeat("x", maxKeyName), false},
+		// sha256 of 257 x's, its first 16 bytes.
+		{"longer: its hash", `payload.a`, `{"a": "` + strings.Repeat("x", maxKeyName+1) + `"}`, "sha256:15eb95a462ee20bd91a415ae2d4aed34", false},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			k, err := compileKey(tc.source)
