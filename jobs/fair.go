@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"sync"
 	"time"
 
@@ -64,14 +63,11 @@ func newFairGate(rdb redis.UniversalClient, queue string, drain LimitConfig, f F
 		return nil, fmt.Errorf("jobs: queues %q: fairness.key: %w", queue, err)
 	}
 	depth := max(1, int(int64(drain.Limit)*int64(fairHorizon)/int64(drain.Period)))
-	// A new version for other weights or another drain: the state counts
-	// weights as they were when each key became active.
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%d %d %d", drain.Limit, drain.Period, depth)
-	for _, v := range sortedKeys(f.Weights) {
-		fmt.Fprintf(h, " %s=%d", v, f.Weights[v])
-	}
-	prefix := fmt.Sprintf("sluice:fair:%08x:", h.Sum32())
+	// One state whatever the drain and weights, so that a live change
+	// keeps the keys' lines (their tasks would come back only on asynq's
+	// fallback): the state holds turns and lines, not rates, and each key's
+	// weight is set anew whenever it is touched.
+	const prefix = "sluice:fair:"
 	weight := func(key string) int {
 		if w, ok := f.Weights[key]; ok {
 			return w

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,45 @@ func (f *fairFixture) letOut(t *testing.T) []string {
 	return ids
 }
 
+// backlog offers n tasks of each key, numbered from n·round: all but the
+// first few of each wait in their key's line.
+func (f *fairFixture) backlog(t *testing.T, n, round int, keys ...string) {
+	t.Helper()
+	for i := range n {
+		for _, key := range keys {
+			f.offer(t, fmt.Sprint(key, "-", n*round+i), key, false)
+		}
+	}
+}
+
+// run plays turns turns of the drain (turn apart): each, the waker lets
+// tasks out and they book. It returns the bookings per key after the
+// first settle turns.
+func (f *fairFixture) run(t *testing.T, turn time.Duration, turns, settle int) map[string]int {
+	t.Helper()
+	booked := map[string]int{}
+	for i := range turns {
+		f.clock.Add(turn)
+		for _, id := range f.letOut(t) {
+			key, _, _ := strings.Cut(id, "-")
+			if f.offer(t, id, key, true) && i >= settle {
+				booked[key]++
+			}
+		}
+	}
+	return booked
+}
+
+// checkRatio fails the test unless booked's vip:std is want within 10%.
+func checkRatio(t *testing.T, booked map[string]int, want float64, when string) {
+	t.Helper()
+	ratio := float64(booked["vip"]) / float64(max(booked["std"], 1))
+	t.Logf("%s: vip %d, std %d, ratio %.2f", when, booked["vip"], booked["std"], ratio)
+	if ratio < want*0.9 || ratio > want*1.1 {
+		t.Errorf("vip:std %d:%d = %.2f %s, want %.1f within 10%%", booked["vip"], booked["std"], ratio, when, want)
+	}
+}
+
 // TestFairWeightsAtEveryRate (issue 19.9): keys vip (weight 3) and std
 // (weight 1), both backlogged, on a drain of 1, 10, 20, 40 and 1,000/s:
 // counted over 200 turns of the drain and 4 depths of the fair share (so
@@ -90,32 +130,92 @@ func TestFairWeightsAtEveryRate(t *testing.T) {
 	for _, perSecond := range []int{1, 10, 20, 40, 1000} {
 		t.Run(fmt.Sprintf("%d/s", perSecond), func(t *testing.T) {
 			f := newFairFixture(t, perSecond, map[string]int{"vip": 3})
-			turn := time.Second / time.Duration(perSecond)
 			depth := f.s.gates.Load().fair[f.queue].depth
 			settle := 2*depth + 40
 			turns := settle + 200 + 4*depth
-			keyOf := map[string]string{}
-			for i := range turns {
-				for _, key := range []string{"vip", "std"} {
-					id := fmt.Sprint(key, "-", i)
-					keyOf[id] = key
-					f.offer(t, id, key, false)
-				}
-			}
-			booked := map[string]int{}
-			for i := range turns {
-				f.clock.Add(turn)
-				for _, id := range f.letOut(t) {
-					if f.offer(t, id, keyOf[id], true) && i >= settle {
-						booked[keyOf[id]]++
-					}
-				}
-			}
-			ratio := float64(booked["vip"]) / float64(max(booked["std"], 1))
-			t.Logf("%d/s: vip %d, std %d, ratio %.2f", perSecond, booked["vip"], booked["std"], ratio)
-			if ratio < 2.7 || ratio > 3.3 {
-				t.Errorf("vip:std %d:%d = %.2f at %d/s, want 3.0 within 10%%", booked["vip"], booked["std"], ratio, perSecond)
-			}
+			f.backlog(t, turns, 0, "vip", "std")
+			checkRatio(t, f.run(t, time.Second/time.Duration(perSecond), turns, settle), 3, fmt.Sprintf("at %d/s", perSecond))
 		})
+	}
+}
+
+// TestFairWeightsChangeLive (issue 19.8): vip (weight 3) and std, both
+// backlogged at 10/s, then a live change to vip weight 1: over 200 turns
+// after 40 to settle, vip:std is 1.0 within 10%; and the tasks waiting in
+// the lines before the change are let out after it (the change gave the
+// fair share a new state, and they waited for asynq's fallback).
+func TestFairWeightsChangeLive(t *testing.T) {
+	f := newFairFixture(t, 10, map[string]int{"vip": 3})
+	turn := 100 * time.Millisecond
+	f.backlog(t, 300, 0, "vip", "std")
+	checkRatio(t, f.run(t, turn, 100, 40), 3, "before the change")
+	cfg := f.s.Config()
+	q := cfg.Queues[f.queue]
+	q.Fairness = &FairnessConfig{Key: q.Fairness.Key, Weights: map[string]int{"vip": 1}}
+	cfg.Queues[f.queue] = q
+	if err := f.s.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	checkRatio(t, f.run(t, turn, 240, 40), 1, "after vip's weight went from 3 to 1")
+}
+
+// TestFairDrainRaised (issue 19.8): a fair queue drained at 20/s, backlogged
+// with 400 tasks of one key, raised to 40/s by a live config change: from
+// 1 s after the change, at least 35/s over the next 3 s (and at most the
+// new rate's 120 and one). The change gave the fair share a new state, so
+// the tasks waiting in the old one's lines came back only on asynq's
+// fallback, 10 s and more later.
+func TestFairDrainRaised(t *testing.T) {
+	queue := redistest.Queue(t, "fair")
+	cfg := func(perSecond int) Config {
+		drain := limit("leaky_bucket", perSecond, 1, "")
+		return Config{
+			Worker: WorkerConfig{Concurrency: 10},
+			Queues: map[string]QueueConfig{queue: {Drain: &drain, Fairness: &FairnessConfig{Key: "payload.t"}}},
+		}
+	}
+	s := newTestScheduler(t, cfg(20))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	rec := &testkit.Timeline{}
+	mux := asynq.NewServeMux()
+	mux.Use(s.Middleware)
+	mux.HandleFunc("test:record", func(context.Context, *asynq.Task) error {
+		rec.Note("a")
+		return nil
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i := range 400 {
+		opts := []asynq.Option{asynq.Queue(queue)}
+		if i%2 == 0 {
+			opts = append(opts, asynq.MaxRetry(0)) // waits in Redis as a copy
+		}
+		if _, err := client.Enqueue(asynq.NewTask("test:record", []byte(`{"t":"a"}`)), opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.WaitFor(t, 10*time.Second, "40 tasks to run at 20/s", func() bool { return len(rec.All()) >= 40 })
+	changed := time.Now()
+	if err := s.Apply(cfg(40)); err != nil {
+		t.Fatal(err)
+	}
+	from, to := changed.Add(time.Second), changed.Add(4*time.Second)
+	time.Sleep(time.Until(to))
+	got := 0
+	for _, at := range rec.All() {
+		if !at.Before(from) && at.Before(to) {
+			got++
+		}
+	}
+	t.Logf("%d tasks ran in the 3 s from 1 s after the drain went from 20/s to 40/s", got)
+	if got < 105 || got > 121 {
+		t.Errorf("%d tasks ran in the 3 s from 1 s after the drain went to 40/s, want 105 to 121 (at least 35/s)", got)
 	}
 }

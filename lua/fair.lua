@@ -33,10 +33,13 @@ local function fair_num(state, field)
   return tonumber(redis.call('HGET', state, field) or 0)
 end
 
--- fair_touch makes m active (its weight counts in W).
+-- fair_touch makes m active (its weight counts in W), at weight: a live
+-- change of weights takes effect as each key is touched again.
 local function fair_touch(state, m, weight)
-  if redis.call('HSETNX', state, 'w:' .. m, weight) == 1 then
-    redis.call('HINCRBY', state, 'W', weight)
+  local was = tonumber(redis.call('HGET', state, 'w:' .. m) or 0)
+  if was ~= weight then
+    redis.call('HSET', state, 'w:' .. m, weight)
+    redis.call('HINCRBY', state, 'W', weight - was)
   end
 end
 
