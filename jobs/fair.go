@@ -112,14 +112,27 @@ var errLetOut = errors.New("jobs: the task was let out of its line; it books")
 // park puts task id in its key's line and returns about how long until
 // the waker lets it out (for asynq's own schedule, the fallback).
 func (s *Scheduler) park(ctx context.Context, queue, id string, spot *lineSpot) (time.Duration, error) {
+	return s.runPark(ctx, queue, id, spot, false)
+}
+
+// lineWait is how long park would say, without putting the task in the
+// line: a copy goes in its line only once its id is known to be its own.
+func (s *Scheduler) lineWait(ctx context.Context, queue string, spot *lineSpot) (time.Duration, error) {
+	return s.runPark(ctx, queue, "", spot, true)
+}
+
+func (s *Scheduler) runPark(ctx context.Context, queue, id string, spot *lineSpot, dry bool) (time.Duration, error) {
 	f := spot.fair
 	keys := append(wakeKeys(queue), f.keys...)
-	seen := "0"
+	seen, estimate := "0", "0"
 	if spot.seen {
 		seen = "1"
 	}
+	if dry {
+		estimate = "1"
+	}
 	us, err := wakeScript.Run(ctx, s.rdb, keys, s.scriptNow(), "park", id, spot.booking, throttle.FairMember(spot.key),
-		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen).Int64()
+		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen, estimate).Int64()
 	if err != nil {
 		return 0, err
 	}

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -217,5 +218,72 @@ func TestFairDrainRaised(t *testing.T) {
 	t.Logf("%d tasks ran in the 3 s from 1 s after the drain went from 20/s to 40/s", got)
 	if got < 105 || got > 121 {
 		t.Errorf("%d tasks ran in the 3 s from 1 s after the drain went to 40/s, want 105 to 121 (at least 35/s)", got)
+	}
+}
+
+// TestFairCopyIDTakenByAnother (issue 19.6): in a fair queue, a task with
+// no retry left that waits in its key's line does so as a copy; a
+// producer's task scheduled an hour ahead already has the copy's first id
+// (victim~1). The waiting task runs (under the next id), and the
+// producer's task stays scheduled: 3 s after the waiting task ran, it has
+// not run. The copy was put in its line under the first id before that id
+// turned out taken, and the waker made the producer's task pending.
+func TestFairCopyIDTakenByAnother(t *testing.T) {
+	queue := redistest.Queue(t, "fair")
+	drain := limit("leaky_bucket", 2, 1, "")
+	cfg := Config{
+		Worker: WorkerConfig{Concurrency: 10},
+		Queues: map[string]QueueConfig{queue: {Drain: &drain, Fairness: &FairnessConfig{Key: "payload.t"}}},
+	}
+	s := newTestScheduler(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.Run(ctx)
+	rec := &testkit.Timeline{}
+	mux := asynq.NewServeMux()
+	mux.Use(s.Middleware)
+	mux.HandleFunc("test:record", func(_ context.Context, task *asynq.Task) error {
+		var p struct{ Name string }
+		_ = json.Unmarshal(task.Payload(), &p)
+		rec.Note(p.Name)
+		return nil
+	})
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	task := func(name string) *asynq.Task {
+		return asynq.NewTask("test:record", fmt.Appendf(nil, `{"t":"a","name":%q}`, name))
+	}
+	opts := []asynq.Option{asynq.Queue(queue), asynq.MaxRetry(0)}
+	if _, err := client.Enqueue(task("squatter"), append(opts, asynq.TaskID("victim~1"), asynq.ProcessIn(time.Hour))...); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"first", "second"} {
+		if _, err := client.Enqueue(task(name), opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Behind the others of its key: its key holds its share, so it waits
+	// in the line, as a copy (no retry left).
+	testkit.WaitFor(t, 5*time.Second, "the others to be booked", func() bool { return redistest.QueueInfo(t, queue).Pending == 0 })
+	if _, err := client.Enqueue(task("victim"), append(opts, asynq.TaskID("victim"))...); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 15*time.Second, "victim to run", func() bool {
+		return len(rec.Matching(func(k string) bool { return k == "victim" })) > 0
+	})
+	ran := time.Now()
+	for time.Since(ran) < 3*time.Second {
+		if n := len(rec.Matching(func(k string) bool { return k == "squatter" })); n > 0 {
+			t.Fatalf("the producer's task victim~1, scheduled an hour ahead, ran %v after victim", time.Since(ran).Round(time.Millisecond))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if info, err := s.inspector.GetTaskInfo(queue, "victim~1"); err != nil || info.State != asynq.TaskStateScheduled {
+		t.Errorf("the producer's task victim~1: %+v, %v; want it still scheduled", info, err)
 	}
 }
