@@ -17,19 +17,19 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// fairFixture is a Scheduler on a manual clock with one fair queue, keyed
-// by payload.t, drained at a rate (leaky bucket, burst 1).
+// fairFixture is a Scheduler on a manual clock with one fair queue drained
+// at a rate (leaky bucket, burst 1).
 type fairFixture struct {
 	s     *Scheduler
 	clock *testkit.Clock
 	queue string
 }
 
-func newFairFixture(t *testing.T, perSecond int, weights map[string]int) *fairFixture {
+func newFairFixture(t *testing.T, perSecond int, key string, weights map[string]int) *fairFixture {
 	t.Helper()
 	f := &fairFixture{clock: testkit.NewClock(t0), queue: redistest.Queue(t, "fair")}
 	drain := limit("leaky_bucket", perSecond, 1, "deny")
-	cfg := Config{Queues: map[string]QueueConfig{f.queue: {Drain: &drain, Fairness: &FairnessConfig{Key: "payload.t", Weights: weights}}}}
+	cfg := Config{Queues: map[string]QueueConfig{f.queue: {Drain: &drain, Fairness: &FairnessConfig{Key: key, Weights: weights}}}}
 	s, err := NewScheduler(redistest.Client(t), asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
 		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)), WithClock(f.clock))
 	if err != nil {
@@ -40,27 +40,29 @@ func newFairFixture(t *testing.T, perSecond int, weights map[string]int) *fairFi
 	return f
 }
 
-// offer books task id of key as a task let out of its line (letOut) or
-// fresh, and puts it in its key's line if its share refuses it; it reports
-// whether it booked.
-func (f *fairFixture) offer(t *testing.T, id, key string, letOut bool) bool {
+// tenant is a task whose payload.t is key.
+func tenant(key string) *asynq.Task {
+	return asynq.NewTask("test:call", fmt.Appendf(nil, `{"t":%q}`, key))
+}
+
+// offer books task id as a task let out of its line (letOut) or fresh,
+// and puts it in its key's line if its share refuses it (b.line).
+func (f *fairFixture) offer(t *testing.T, id string, task *asynq.Task, letOut bool) booking {
 	t.Helper()
 	ctx := context.Background()
-	task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"t":%q}`, key))
 	b, err := f.s.book(ctx, f.s.gates.Load(), f.queue, id, task, letOut)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if b.askIn > 0 {
-		t.Fatalf("task %s of %s deferred by %v, want booked or sent to its line", id, key, b.askIn)
+		t.Fatalf("task %s deferred by %v, want booked or sent to its line", id, b.askIn)
 	}
-	if b.line == nil {
-		return true
+	if b.line != nil {
+		if _, err := f.s.park(ctx, f.queue, id, b.line); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := f.s.park(ctx, f.queue, id, b.line); err != nil {
-		t.Fatal(err)
-	}
-	return false
+	return b
 }
 
 // letOut is one look of the queue's waker: the ids it lets out of the
@@ -86,7 +88,7 @@ func (f *fairFixture) backlog(t *testing.T, n, round int, keys ...string) {
 	t.Helper()
 	for i := range n {
 		for _, key := range keys {
-			f.offer(t, fmt.Sprint(key, "-", n*round+i), key, false)
+			f.offer(t, fmt.Sprint(key, "-", n*round+i), tenant(key), false)
 		}
 	}
 }
@@ -101,7 +103,7 @@ func (f *fairFixture) run(t *testing.T, turn time.Duration, turns, settle int) m
 		f.clock.Add(turn)
 		for _, id := range f.letOut(t) {
 			key, _, _ := strings.Cut(id, "-")
-			if f.offer(t, id, key, true) && i >= settle {
+			if f.offer(t, id, tenant(key), true).line == nil && i >= settle {
 				booked[key]++
 			}
 		}
@@ -130,7 +132,7 @@ func checkRatio(t *testing.T, booked map[string]int, want float64, when string) 
 func TestFairWeightsAtEveryRate(t *testing.T) {
 	for _, perSecond := range []int{1, 10, 20, 40, 1000} {
 		t.Run(fmt.Sprintf("%d/s", perSecond), func(t *testing.T) {
-			f := newFairFixture(t, perSecond, map[string]int{"vip": 3})
+			f := newFairFixture(t, perSecond, "payload.t", map[string]int{"vip": 3})
 			depth := f.s.gates.Load().fair[f.queue].depth
 			settle := 2*depth + 40
 			turns := settle + 200 + 4*depth
@@ -146,7 +148,7 @@ func TestFairWeightsAtEveryRate(t *testing.T) {
 // the lines before the change are let out after it (the change gave the
 // fair share a new state, and they waited for asynq's fallback).
 func TestFairWeightsChangeLive(t *testing.T) {
-	f := newFairFixture(t, 10, map[string]int{"vip": 3})
+	f := newFairFixture(t, 10, "payload.t", map[string]int{"vip": 3})
 	turn := 100 * time.Millisecond
 	f.backlog(t, 300, 0, "vip", "std")
 	checkRatio(t, f.run(t, turn, 100, 40), 3, "before the change")
@@ -158,6 +160,43 @@ func TestFairWeightsChangeLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRatio(t, f.run(t, turn, 240, 40), 1, "after vip's weight went from 3 to 1")
+}
+
+// TestFairNewcomerBound (issue 19.10): at 10/s, one producer spreads 200
+// tasks over 200 keys, then a newcomer's first task comes: its turn is at
+// most max(D, W) + 1 turns ahead (the turns the keys hold ahead, and the
+// one passing now), D = 3 (the fair horizon's 300ms of the drain) and
+// W = 201 the weights of the keys active: 20.2 s when the key is
+// payload.t. Keyed by client (the intake's client, from the task's
+// header), the producer is one key, and the newcomer's turn is within
+// max(3, 2) + 1 turns: 400ms.
+func TestFairNewcomerBound(t *testing.T) {
+	for _, c := range []struct {
+		desc, key string
+		bound     time.Duration
+	}{
+		{"keyed by payload", "payload.t", 20200 * ms},
+		{"keyed by client", "client", 400 * ms},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			f := newFairFixture(t, 10, c.key, nil)
+			from := func(client, key string) *asynq.Task {
+				return asynq.NewTaskWithHeaders("test:call", fmt.Appendf(nil, `{"t":%q}`, key), map[string]string{HeaderClient: client})
+			}
+			for i := range 200 {
+				f.offer(t, fmt.Sprint("spread-", i), from("bulk", fmt.Sprint("k", i)), false)
+			}
+			b := f.offer(t, "newcomer", from("new", "newcomer"), false)
+			if b.line != nil {
+				t.Fatal("the newcomer's first task was sent to its line, want it booked")
+			}
+			wait := b.ready.Sub(f.clock.Now())
+			t.Logf("%s: the newcomer's first task booked %v ahead", c.desc, wait)
+			if wait > c.bound {
+				t.Errorf("the newcomer's first task booked %v ahead, want at most %v", wait, c.bound)
+			}
+		})
+	}
 }
 
 // TestFairDrainRaised (issue 19.8): a fair queue drained at 20/s, backlogged

@@ -336,7 +336,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		wait = time.Second // no usable Retry-After: a short pause, then ask the quotas again
 	}
 	longest := time.Duration(0)
-	vars := newTaskVars(queue, id, t.Type(), t.Payload())
+	vars := varsOf(queue, id, t)
 	for _, g := range gs.quotasOf(t.Type()) {
 		block := wait
 		if block > g.limit.MaxBlock {
