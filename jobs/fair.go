@@ -17,10 +17,10 @@ import (
 // (throttle.Book, one script run: both live under the queue's hash tag): a
 // key may hold booked turns ahead for at most its weighted share of
 // fairHorizon of the drain, in whole turns per unit of weight (see
-// lua/fair.lua). A task whose key holds its
-// share already is refused without counting, and waits in its key's line
-// in Redis (park); the queue's waker lets tasks out of the lines as their
-// key's share has room, and a task let out books as any other. So a
+// lua/fair.lua). A task whose key holds its share already is refused
+// without counting, and waits in its key's line in Redis (park); the
+// queue's waker lets tasks out of the lines as their key's share has
+// room, and a task let out books as any other. So a
 // backlog of one key never fills the drain's future: a newcomer's first
 // task books behind at most max(fairHorizon of turns, W turns), W the sum
 // of the weights of the keys with turns booked or tasks in line.

@@ -10,8 +10,9 @@
 -- max(depth, W) turns ahead. A key that books less leaves the rest to the
 -- others. Since all keys book at the drain's one tail, each key's turns
 -- pass at a rate in proportion to what it may hold ahead: its share of
--- the drain (a window through one FIFO). Tasks a key cannot book now wait in its line in Redis, and the
--- queue's waker (wake.lua) lets them out as their key's share allows.
+-- the drain (a window through one FIFO). Tasks a key cannot book now wait
+-- in its line in Redis, and the queue's waker (wake.lua) lets them out as
+-- their key's share allows.
 --
 -- state (hash, the queue's hash tag):
 --   W      -> the weights of the active keys
