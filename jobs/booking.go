@@ -70,7 +70,7 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 	claims := r.claims
 	var vars *taskVars
 	if r.keyed || r.fair {
-		vars = newTaskVars(queue, id, t.Type(), t.Payload())
+		vars = varsOf(queue, id, t)
 	}
 	if r.keyed {
 		claims = s.claimsOf(r, vars)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"sync"
 	"time"
 
@@ -17,12 +16,14 @@ import (
 // task's turn is booked on the drain and on the queue's fair share at once
 // (throttle.Book, one script run: both live under the queue's hash tag): a
 // key may hold booked turns ahead for at most its weighted share of
-// fairHorizon of the drain (see lua/fair.lua). A task whose key holds its
-// share already is refused without counting, and waits in its key's line
-// in Redis (park); the queue's waker lets tasks out of the lines as their
-// key's share has room, and a task let out books as any other. So a
+// fairHorizon of the drain, in whole turns per unit of weight (see
+// lua/fair.lua). A task whose key holds its share already is refused
+// without counting, and waits in its key's line in Redis (park); the
+// queue's waker lets tasks out of the lines as their key's share has
+// room, and a task let out books as any other. So a
 // backlog of one key never fills the drain's future: a newcomer's first
-// task books behind at most fairHorizon of turns.
+// task books behind at most max(fairHorizon of turns, W turns), W the sum
+// of the weights of the keys with turns booked or tasks in line.
 const (
 	// fairHorizon is how much of the drain's future all keys together
 	// may hold booked: short, so that a newcomer waits little, and within
@@ -64,14 +65,11 @@ func newFairGate(rdb redis.UniversalClient, queue string, drain LimitConfig, f F
 		return nil, fmt.Errorf("jobs: queues %q: fairness.key: %w", queue, err)
 	}
 	depth := max(1, int(int64(drain.Limit)*int64(fairHorizon)/int64(drain.Period)))
-	// A new version for other weights or another drain: the state counts
-	// weights as they were when each key became active.
-	h := fnv.New32a()
-	fmt.Fprintf(h, "%d %d %d", drain.Limit, drain.Period, depth)
-	for _, v := range sortedKeys(f.Weights) {
-		fmt.Fprintf(h, " %s=%d", v, f.Weights[v])
-	}
-	prefix := fmt.Sprintf("sluice:fair:%08x:", h.Sum32())
+	// One state whatever the drain and weights, so that a live change
+	// keeps the keys' lines (their tasks would come back only on asynq's
+	// fallback): the state holds turns and lines, not rates, and each key's
+	// weight is set anew whenever it is touched.
+	const prefix = "sluice:fair:"
 	weight := func(key string) int {
 		if w, ok := f.Weights[key]; ok {
 			return w
@@ -116,14 +114,27 @@ var errLetOut = errors.New("jobs: the task was let out of its line; it books")
 // park puts task id in its key's line and returns about how long until
 // the waker lets it out (for asynq's own schedule, the fallback).
 func (s *Scheduler) park(ctx context.Context, queue, id string, spot *lineSpot) (time.Duration, error) {
+	return s.runPark(ctx, queue, id, spot, false)
+}
+
+// lineWait is how long park would say, without putting the task in the
+// line: a copy goes in its line only once its id is known to be its own.
+func (s *Scheduler) lineWait(ctx context.Context, queue string, spot *lineSpot) (time.Duration, error) {
+	return s.runPark(ctx, queue, "", spot, true)
+}
+
+func (s *Scheduler) runPark(ctx context.Context, queue, id string, spot *lineSpot, dry bool) (time.Duration, error) {
 	f := spot.fair
 	keys := append(wakeKeys(queue), f.keys...)
-	seen := "0"
+	seen, estimate := "0", "0"
 	if spot.seen {
 		seen = "1"
 	}
+	if dry {
+		estimate = "1"
+	}
 	us, err := wakeScript.Run(ctx, s.rdb, keys, s.scriptNow(), "park", id, spot.booking, throttle.FairMember(spot.key),
-		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen).Int64()
+		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen, estimate).Int64()
 	if err != nil {
 		return 0, err
 	}

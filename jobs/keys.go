@@ -17,11 +17,12 @@ import (
 	"github.com/google/cel-go/common/types/ref"
 	"github.com/google/cel-go/ext"
 	"github.com/google/cel-go/interpreter"
+	"github.com/hibiken/asynq"
 	"github.com/tidwall/gjson"
 )
 
 // A keyed limit holds separately for every value of its key: a CEL
-// expression over the task (payload, type, queue) that config.yaml gives
+// expression over the task (payload, type, queue, client) that config.yaml gives
 // as `key:` (or `fairness.key`, `concurrency_key`).
 const (
 	// maxKeyExpr bounds the length of a key expression.
@@ -58,6 +59,7 @@ var keyEnv = sync.OnceValues(func() (*cel.Env, error) {
 		cel.Variable("payload", cel.DynType),
 		cel.Variable("type", cel.StringType),
 		cel.Variable("queue", cel.StringType),
+		cel.Variable("client", cel.StringType),
 		ext.Strings(),
 		cel.Function("host",
 			cel.Overload("host_string", []*cel.Type{cel.StringType}, cel.StringType, cel.UnaryBinding(celHost))),
@@ -90,7 +92,7 @@ func compileKey(source string) (*keyExpr, error) {
 		for _, e := range iss.Errors() {
 			msgs = append(msgs, fmt.Sprintf("at %d:%d: %s", e.Location.Line(), e.Location.Column()+1, e.Message))
 		}
-		return nil, fmt.Errorf("%s (in %q; variables are payload, type and queue; functions include host(url))", strings.Join(msgs, "; "), source)
+		return nil, fmt.Errorf("%s (in %q; variables are payload, type, queue and client; functions include host(url))", strings.Join(msgs, "; "), source)
 	}
 	switch ast.OutputType().String() {
 	case "string", "int", "uint", "dyn":
@@ -113,6 +115,7 @@ func compileKey(source string) (*keyExpr, error) {
 // expressions look (see payload.go).
 type taskVars struct {
 	typ, queue string
+	client     string // HeaderClient, "" if not set
 	id         string // for the log
 	raw        []byte
 	checked    bool
@@ -122,6 +125,21 @@ type taskVars struct {
 
 func newTaskVars(queue, id, typ string, payload []byte) *taskVars {
 	return &taskVars{typ: typ, queue: queue, id: id, raw: payload}
+}
+
+// HeaderClient is the task header that names the intake's client that
+// enqueued the task (enqueue serve sets it on every task it takes, from
+// the API key, never from the request): key expressions read it as
+// client, so that a limit or a fair share can be per client, which a
+// producer cannot spread over many keys as it can a payload's field.
+// Tasks enqueued otherwise have it only if their producer set it.
+const HeaderClient = "sluice-client"
+
+// varsOf is what a key expression sees of task t, id in queue.
+func varsOf(queue, id string, t *asynq.Task) *taskVars {
+	v := newTaskVars(queue, id, t.Type(), t.Payload())
+	v.client = t.Headers()[HeaderClient]
+	return v
 }
 
 // check reads the payload for expressions, once: an error if it is too
@@ -154,6 +172,8 @@ func (v *taskVars) ResolveName(name string) (any, bool) {
 		return v.typ, true
 	case "queue":
 		return v.queue, true
+	case "client":
+		return v.client, true
 	}
 	return nil, false
 }

@@ -76,7 +76,7 @@ func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t 
 	h := &slotHold{s: s, holder: s.worker + ":" + id, stop: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancelCause(ctx)
 	deadline := s.clock.Now().Add(gs.cfg.Worker.HoldMax)
-	vars := newTaskVars(queue, id, t.Type(), t.Payload())
+	vars := varsOf(queue, id, t)
 	for _, sl := range s.semaphoresOf(gs, queue, t.Type(), vars) {
 		for {
 			sent := s.clock.Now()

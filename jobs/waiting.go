@@ -170,6 +170,14 @@ func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Durati
 		return wait, nil
 	}
 	est, err := s.park(ctx, queue, id, line)
+	return s.inLine(queue, id, est, err)
+}
+
+// inLine is how long task id in its key's line (est, from park or
+// lineWait) waits for asynq's own schedule: the waker lets it out as its
+// key's share allows, and asynq's schedule is the fallback, well after the
+// estimate. errLetOut: the task books instead.
+func (s *Scheduler) inLine(queue, id string, est time.Duration, err error) (time.Duration, error) {
 	if errors.Is(err, errLetOut) {
 		return 0, err
 	}
@@ -177,8 +185,6 @@ func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Durati
 		s.log.Warn("cannot put a task in its key's line; it asks again in a second", "queue", queue, "id", id, "err", err)
 		return redisRetry, nil
 	}
-	// The waker lets it out as its key's share allows; asynq's own
-	// schedule is the fallback, well after the estimate.
 	return 2*est + parkedFallback, nil
 }
 
@@ -258,10 +264,12 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		return copyID
 	}
 	if line != nil {
-		// In its line before it exists, so that asynq's schedule can be
-		// the fallback after the estimate. A copy let out before it is
-		// made comes back by that fallback.
-		if wait, err = s.note(ctx, queue, copyID(1), 0, time.Time{}, line); err != nil {
+		// Its wait in its line, for asynq's schedule (the fallback after
+		// the estimate). The copy goes in its line once made, under the id
+		// it got: the line's ids are moved to pending as they are let out,
+		// and an id taken by another task would move that task.
+		est, err := s.lineWait(ctx, queue, line)
+		if wait, err = s.inLine(queue, id, est, err); err != nil {
 			return err
 		}
 	}
@@ -293,9 +301,13 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		if err != nil {
 			return err
 		}
-		if line == nil || try > 1 {
-			_, _ = s.note(ctx, queue, copyID, wait, at, line)
+		if line != nil {
+			// Whether it was let out was asked by lineWait: in the line now,
+			// it waits there.
+			parked := *line
+			line, parked.seen = &parked, false
 		}
+		_, _ = s.note(ctx, queue, copyID, wait, at, line)
 		return nil
 	}
 	return fmt.Errorf("jobs: %d ids for the copy of task %s are taken by other tasks", maxCopyIDs, id)
@@ -324,7 +336,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		wait = time.Second // no usable Retry-After: a short pause, then ask the quotas again
 	}
 	longest := time.Duration(0)
-	vars := newTaskVars(queue, id, t.Type(), t.Payload())
+	vars := varsOf(queue, id, t)
 	for _, g := range gs.quotasOf(t.Type()) {
 		block := wait
 		if block > g.limit.MaxBlock {

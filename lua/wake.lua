@@ -30,7 +30,8 @@
 --         key value (as fair.lua names it), ARGV[6] -> its weight,
 --         ARGV[7] -> its cost, ARGV[8], ARGV[9] -> the drain's limit and
 --         period (µs), ARGV[10] -> '1': not if the task was let out of its
---         line (it books)
+--         line (it books), ARGV[11] -> '1': only the estimate, the task is
+--         not put in the line
 -- Output  -> park: about how many µs until its key's share lets it out
 --            (if every active key stays backlogged), -1 if it was let out;
 --            note: 1; take: {1 if tasks wait in fair lines, else 0, then
@@ -60,6 +61,15 @@ if op == 'park' then
   if ARGV[10] == '1' and redis.call('ZSCORE', aux, string.format('r %s %d %s', m, n, booking)) then
     return -1
   end
+  -- The wait: the tasks ahead in its line and itself, at its key's share
+  -- of the drain if every active key stays backlogged.
+  local function estimate(waiting, W)
+    return math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
+  end
+  if ARGV[11] == '1' then
+    local W = fair_num(state, 'W') - fair_num(state, 'w:' .. m) + weight
+    return estimate(fair_num(state, 'p:' .. m) + 1, W)
+  end
   local seq = redis.call('HINCRBY', state, 's', 1)
   redis.call('ZADD', lines, 0, string.format('%s %015d %d %d %s%s', m, seq, n, #id, id, booking))
   local waiting = redis.call('HINCRBY', state, 'p:' .. m, 1)
@@ -67,8 +77,7 @@ if op == 'park' then
   fair_touch(state, m, weight)
   redis.call('ZADD', keys, 'NX', now, m)
   for _, key in ipairs({state, lines, keys}) do fair_keep(key, FAIR_LIFE) end
-  local W = fair_num(state, 'W')
-  return math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
+  return estimate(waiting, fair_num(state, 'W'))
 end
 if op == 'rush' then
   local all = redis.call('ZRANGE', KEYS[1], 0, -1)

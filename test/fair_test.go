@@ -281,3 +281,39 @@ tasks:
 		t.Errorf("per-key state stayed %v after the last task, want gone within 10s", left)
 	}
 }
+
+// TestFairLiveChange (issue 19.8): two workers drain a fair queue at 20/s,
+// backlogged with 300 tasks of one tenant; the file raises the drain to
+// 40/s: from 1 s after the change to the last task, 40/s within 5%. (The
+// change gave the fair share a new state: the tasks in the old lines came
+// back only on asynq's fallback, 15 s with no run, then about 10/s.)
+func TestFairLiveChange(t *testing.T) {
+	const tasks = 300
+	queue := redistest.Queue(t, "fair")
+	r := &fleetRun{backend: backends[0], u: newUpstream(t)}
+	config := func(drain int) string {
+		return fmt.Sprintf(`%s
+worker: {concurrency: 10}
+queues:
+  %s:
+    drain: {algorithm: leaky_bucket, limit: %d, period: 1s, burst: 1}
+    fairness: {key: 'payload.headers["X-Tenant"]'}
+`, backends[0].yaml(t), queue, drain) + r.u.allowYAML()
+	}
+	path := writeConfig(t, config(20))
+	for range 2 {
+		r.fleet = append(r.fleet, startWorker(t, path))
+	}
+	client := asynq.NewClient(r.asynqOpt(t))
+	defer client.Close()
+	enqueueWithHeaders(t, client, r.u.URL, queue, "a", tasks, map[string]string{"X-Tenant": "a"})
+	testkit.WaitFor(t, 20*time.Second, "40 tasks to run at 20/s", func() bool { return len(r.u.All()) >= 40 })
+	changed := time.Now()
+	replace(t, path, config(40))
+	arrivals := r.finish(t, tasks, 40*time.Second, queue)
+	after := between(arrivals, changed.Add(time.Second), arrivals[len(arrivals)-1].Add(time.Nanosecond))
+	t.Logf("%d requests from 1 s after the change, at %.3f/s", len(after), rate(after))
+	if got := rate(after); got < 38 || got > 42 {
+		t.Errorf("%.3f/s from 1 s after the drain went from 20/s to 40/s, want 40/s within 5%%", got)
+	}
+}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/jobs"
 )
 
 // intakeServer is a running `enqueue serve`.
@@ -403,6 +404,35 @@ func TestIntakeClients(t *testing.T) {
 	for _, secret := range []string{"alice-secret", "bob-secret", "carol-secret", "guess", keyHash("alice-secret")} {
 		if strings.Contains(string(log), secret) {
 			t.Errorf("the intake's log holds %q", secret)
+		}
+	}
+}
+
+// TestIntakeNamesClient (issue 19.10): every task the intake takes carries
+// its client's name, from its API key, in the header that key expressions
+// read as client (jobs.HeaderClient); a request cannot name another
+// client: a Sluice-Client request header changes nothing.
+func TestIntakeNamesClient(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	s := startIntake(t, trustLoopback+fmt.Sprintf(`  clients:
+    - {name: alice, key_sha256: %s}
+    - {name: bob, key_sha256: %s}
+`, keyHash("alice-secret"), keyHash("bob-secret")), queue)
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	for _, c := range []struct{ key, want string }{{"alice-secret", "alice"}, {"bob-secret", "bob"}} {
+		headers := with(with(clientAddr(), "X-API-Key", c.key), jobs.HeaderClient, "mallory")
+		status, body := s.send(t, fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, queue), headers)
+		var answer struct{ ID string }
+		if err := json.Unmarshal([]byte(body), &answer); status != http.StatusAccepted || err != nil {
+			t.Fatalf("%s: %d %s, want 202", c.want, status, body)
+		}
+		info, err := inspector.GetTaskInfo(queue, answer.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := info.Headers[jobs.HeaderClient]; got != c.want {
+			t.Errorf("the task %s enqueued has %s %q, want %q", c.want, jobs.HeaderClient, got, c.want)
 		}
 	}
 }

@@ -17,8 +17,11 @@ type FairSpec struct {
 	Limit  int
 	Period time.Duration
 	// Depth is how many events (of cost) all keys together may hold
-	// booked ahead: each key value at most Depth·w/W of it, W the weights
-	// of the keys active now, and always one claim.
+	// booked ahead: each key value at most w·max(1, Depth/W) (W the
+	// weights of the keys active now, the division rounded down), so that
+	// the weights' ratio is exact at any depth; Depth when it is the only
+	// key active; and always one claim. All together hold at most
+	// max(Depth, W).
 	Depth int
 	// Weight gives a key value's weight (>= 1); nil: 1 for all.
 	Weight func(key string) int

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/throttle"
 	"github.com/sluicehq/sluice/throttle/httplimit"
 )
@@ -312,7 +313,11 @@ func (in *intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		in.answer(w, code, map[string]string{"error": err.Error()})
 		return
 	}
-	info, err := in.client.EnqueueContext(r.Context(), t.task, t.opts...)
+	// The client as its API key says, for limits and fair shares keyed by
+	// client (a producer can spread a payload's field over many keys, not
+	// its key).
+	named := asynq.NewTaskWithHeaders(t.task.Type(), t.task.Payload(), map[string]string{jobs.HeaderClient: c.name})
+	info, err := in.client.EnqueueContext(r.Context(), named, t.opts...)
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
 		in.answer(w, http.StatusConflict, map[string]string{"error": "task id " + t.taskID + " is taken in queue " + t.queue, "id": t.taskID, "queue": t.queue})
