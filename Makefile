@@ -10,11 +10,14 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # scripts/redis-env.sh (see SLUICE_TEST_REDIS_* there). The end-to-end
 # package (./test) runs after the others, not beside them: it measures
 # drain rates to the request, and unit tests sharing the CPUs would add
-# their noise to its timings. Both parts run even if one fails.
+# their noise to its timings. Its tests spend their time waiting on slow
+# drains, each on queues and keys of its own, so they run side by side
+# (E2E_PARALLEL at once). Both parts run even if one fails.
+E2E_PARALLEL ?= 8
 test: vet lint
 	scripts/redis-env.sh bash -c '\
 		$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
-		$(GO) test -race -count=1 -timeout 15m ./test; e2e=$$?; \
+		$(GO) test -race -count=1 -timeout 15m -parallel $(E2E_PARALLEL) ./test; e2e=$$?; \
 		exit $$((unit || e2e))'
 
 vet:

@@ -223,16 +223,21 @@ func (r *fleetRun) finish(t *testing.T, n int, d time.Duration, queues ...string
 // 95% or more and never above burst + rate·T. Half the tasks have MaxRetry
 // 0; none is lost, run twice, failed or left behind.
 func TestGatesCombined(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
 			for _, workers := range []int{1, 3} {
 				t.Run(fmt.Sprintf("%d workers, quota far above the drain", workers), func(t *testing.T) {
+					t.Parallel()
 					testDrainBinds(t, b, workers, "limit: 400, period: 1s, burst: 40")
 				})
 				t.Run(fmt.Sprintf("%d workers, quota never binding", workers), func(t *testing.T) {
+					t.Parallel()
 					testDrainBinds(t, b, workers, "limit: 100000, period: 1s, burst: 100000")
 				})
 				t.Run(fmt.Sprintf("%d workers, quota binds", workers), func(t *testing.T) {
+					t.Parallel()
 					testQuotaBinds(t, b, workers)
 				})
 			}
@@ -301,10 +306,13 @@ tasks:
 // more while all are backlogged, never above 5 + 20·T, and no queue beats
 // its own drain.
 func TestSharedQuotaDrains(t *testing.T) {
+	t.Parallel()
 	rates := []int{5, 10, 20}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
 			t.Run("quota above the drains", func(t *testing.T) {
+				t.Parallel()
 				r, queues := startSharedQuota(t, b, rates, "limit: 40, period: 1s, burst: 10")
 				total, counts := 0, make([]int, len(rates))
 				for i, perSecond := range rates {
@@ -322,6 +330,7 @@ func TestSharedQuotaDrains(t *testing.T) {
 				}
 			})
 			t.Run("quota below the drains", func(t *testing.T) {
+				t.Parallel()
 				r, queues := startSharedQuota(t, b, rates, "limit: 20, period: 1s, burst: 5")
 				total, counts := 0, make([]int, len(rates))
 				for i, perSecond := range rates {
@@ -384,6 +393,7 @@ tasks:
 // (the quota binds); both raised in the file to drain 25/s and quota 400/s
 // burst 40: 25/s within 2% from 1 s after the change.
 func TestGatesLiveChange(t *testing.T) {
+	t.Parallel()
 	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
 	r := &fleetRun{backend: backends[0], u: newUpstream(t)}
 	config := func(drain int, quotaSpec string) string {

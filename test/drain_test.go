@@ -16,8 +16,10 @@ import (
 // every task done once, none archived or failed, at most 1.2 limiter calls
 // per task.
 func TestDrainAccuracy(t *testing.T) {
+	t.Parallel()
 	for _, workers := range []int{1, 3, 8} {
 		t.Run(fmt.Sprintf("%d workers", workers), func(t *testing.T) {
+			t.Parallel()
 			const tasks = 400
 			u := newUpstream(t)
 			queue := redistest.Queue(t, "drain")

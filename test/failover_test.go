@@ -25,6 +25,7 @@ import (
 // during the outage waits for Redis to take its end: see the worker's
 // settler); no node's ACL LOG holds a refusal.
 func TestClusterFailover(t *testing.T) {
+	t.Parallel()
 	const tasks, perSecond = 480, 20
 	c := redistest.StartCluster(t)
 	const password = "failover"

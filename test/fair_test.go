@@ -39,6 +39,7 @@ func (r *fleetRun) fairCosts(t *testing.T, tasks int) {
 // done within 5 s of its enqueue (first come, first served it would wait
 // about 28 s), and the queue at 100/s within 2% while backlogged.
 func TestFairNewcomers(t *testing.T) {
+	t.Parallel()
 	const big, small, each = 3000, 10, 10
 	queue := redistest.Queue(t, "fair")
 	r := startFleet(t, backends[0], 3, fmt.Sprintf(`
@@ -83,6 +84,7 @@ queues:
 // each enqueued together, drain 40/s: while both are backlogged, vip:std
 // completions 3.0 within 10% in every 5 s window.
 func TestFairWeights(t *testing.T) {
+	t.Parallel()
 	const each = 800
 	queue := redistest.Queue(t, "fair")
 	r := startFleet(t, backends[0], 3, fmt.Sprintf(`
@@ -136,6 +138,7 @@ queues:
 // 2 requests of a tenant at once, and both tenants at 2 at once (the limit
 // is per key, not shared).
 func TestConcurrencyPerKey(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	running, most := map[string]int{}, map[string]int{}
 	total, mostTotal := 0, 0
@@ -204,6 +207,7 @@ http: {allow: ['%s']}
 // in any interval T, all 1,000 done within 7 s (the keys do not serialize
 // each other), and 10 s after the last, no per-key state left in Redis.
 func TestKeyedQuota(t *testing.T) {
+	t.Parallel()
 	const dests, each = 50, 20
 	queue, quota := redistest.Queue(t, "keyed"), redistest.Queue(t, "per-dest")
 	r := startFleet(t, backends[0], 3, fmt.Sprintf(`

@@ -84,6 +84,7 @@ queues:
 // TestRedisRestart: redis-server (appendonly, fsync always) is killed and
 // started again mid-run: no task is lost and no worker needs a restart.
 func TestRedisRestart(t *testing.T) {
+	t.Parallel()
 	const tasks = 150
 	srv := redistest.StartServer(t)
 	u := newUpstream(t)

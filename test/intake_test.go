@@ -134,6 +134,7 @@ func limitName(t *testing.T, name string) string {
 }
 
 func TestIntakeRetryAfter(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: client, algorithm: sliding_log, limit: 3, period: 2s}
@@ -160,6 +161,7 @@ func TestIntakeRetryAfter(t *testing.T) {
 // or per-ip, so another client from the same address still gets all that
 // is left of them.
 func TestIntakeAllOrNothing(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: global, algorithm: token_bucket, limit: 10, period: 1m}
@@ -192,6 +194,7 @@ func TestIntakeAllOrNothing(t *testing.T) {
 // proxy is not believed: 1,000 requests with random addresses in it are one
 // client for the per-ip limit.
 func TestIntakeForwardedFor(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: ip, algorithm: sliding_log, limit: 50, period: 1m}
@@ -212,6 +215,7 @@ func TestIntakeForwardedFor(t *testing.T) {
 // refused throughout without touching the limits, and banned for twice as
 // long the next time.
 func TestIntakeBan(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: client, algorithm: sliding_log, limit: 2, period: 1s}
@@ -251,6 +255,7 @@ func TestIntakeBan(t *testing.T) {
 // TestIntakeConcurrentClients: 200 clients at once; every task answered 202
 // is in Redis.
 func TestIntakeConcurrentClients(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := startIntake(t, fmt.Sprintf(`  limits:
     - {name: %s, key: global, algorithm: token_bucket, limit: 1000, period: 1s, burst: 1000}
@@ -287,6 +292,7 @@ func TestIntakeConcurrentClients(t *testing.T) {
 // a queue no config names, options.group (workers run no aggregator), and
 // http:request, which gateway.types leaves out by default.
 func TestIntakeRefuses(t *testing.T) {
+	t.Parallel()
 	queue, unknown := redistest.Queue(t, "q"), redistest.Queue(t, "nowhere")
 	s := startIntake(t, "", queue)
 	for _, c := range []struct{ desc, body, want string }{
@@ -345,6 +351,7 @@ func keyHash(key string) string {
 // are never logged; a client added to the file is let in without a
 // restart.
 func TestIntakeClients(t *testing.T) {
+	t.Parallel()
 	q1, q2 := redistest.Queue(t, "q1"), redistest.Queue(t, "q2")
 	gateway := trustLoopback + fmt.Sprintf(`  clients:
     - {name: alice, key_sha256: %s, types: [demo:noop], queues: [%s]}
@@ -442,6 +449,7 @@ func TestIntakeNamesClient(t *testing.T) {
 // gateway.listen and gateway.clients), unless anonymous clients are
 // allowed on purpose.
 func TestIntakePublicNeedsClients(t *testing.T) {
+	t.Parallel()
 	_, port, _ := strings.Cut(freeAddr(t), ":")
 	config := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\ngateway: {listen: '0.0.0.0:%s', metrics_addr: %s}\n", redisAddr(t), port, freeAddr(t)))
 	r := runEnqueue(t, redisAddr(t), nil, "--config", config, "serve")
@@ -462,6 +470,7 @@ func TestIntakePublicNeedsClients(t *testing.T) {
 // whose body never comes gets its 429 or 401 at once, where the intake
 // used to wait for the body (30 s) first.
 func TestIntakeCheapChecksFirst(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := startIntake(t, trustLoopback+fmt.Sprintf(`  limits:
     - {name: %s, key: client, algorithm: sliding_log, limit: 1, period: 1m}
@@ -503,6 +512,7 @@ func TestIntakeCheapChecksFirst(t *testing.T) {
 // most gateway.max_connections connections at once, and serves /metrics
 // only on gateway.metrics_addr, not on its public listener.
 func TestIntakeConnectionsAndMetrics(t *testing.T) {
+	t.Parallel()
 	s := startIntake(t, "  max_connections: 3\n", redistest.Queue(t, "q"))
 	s.send(t, `{"type": "demo:noop", "queue": "nowhere"}`, nil) // a 400, so the counter has a sample
 	if resp, err := http.Get(s.url + "/metrics"); err != nil {

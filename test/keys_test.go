@@ -34,8 +34,10 @@ type keysDoc struct {
 // standalone server and on the cluster, where each destination's state is
 // in a slot of its own.
 func TestEnqueueStatusKeys(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
 			fair, keyed, quota := redistest.Queue(t, "fair"), redistest.Queue(t, "keyed"), redistest.Queue(t, "per-dest")
 			config := fmt.Sprintf(`
 worker: {concurrency: 10}

@@ -48,6 +48,7 @@ func runProducer(t *testing.T, args ...string) {
 // once, none archived, retried or failed. Then the rate in the file goes
 // to 40/s with 200 tasks left: in force within 2 s.
 func TestExampleWorker(t *testing.T) {
+	t.Parallel()
 	const measured, more = 400, 200
 	u := newUpstream(t)
 	queue := redistest.Queue(t, "forecasts")
@@ -95,6 +96,7 @@ func TestExampleWorker(t *testing.T) {
 
 // TestVersion: both commands tell the module and the build's revision.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	for _, command := range []string{"worker", "enqueue"} {
 		out, err := exec.Command(filepath.Join(bin, command), "--version").CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), "github.com/sluicehq/sluice ") || !strings.Contains(string(out), "revision ") {

@@ -14,6 +14,7 @@ import (
 // and the worker counts it. (jobs.TestRedisUnreachable does the same with
 // the limits' Redis at a closed port.)
 func TestQuotaRedisRefused(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		policy string
 		check  func(t *testing.T, requests int)
@@ -37,6 +38,7 @@ func TestQuotaRedisRefused(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.policy, func(t *testing.T) {
+			t.Parallel()
 			u := newUpstream(t)
 			queue := redistest.Queue(t, "q")
 			quota := redistest.Queue(t, "api")

@@ -26,6 +26,7 @@ const within = 25 * time.Millisecond
 // server see more than 5 + 10*T requests, and while work waited the quota
 // must have been used at 95% or more.
 func TestSharedQuota(t *testing.T) {
+	t.Parallel()
 	const perQueue = 50
 	u := newUpstream(t)
 	quota := redistest.Queue(t, "api")
@@ -76,6 +77,7 @@ http: {allow: ['%s']}
 // 2; no worker may call it during the 2 s after that answer, and every task
 // still runs.
 func TestUpstreamRetryAfter(t *testing.T) {
+	t.Parallel()
 	const tasks = 40
 	u := newUpstream(t)
 	u.respond = func(n int) (int, string) {
@@ -121,6 +123,7 @@ http: {allow: ['%s']}
 // effect within 2 s without a restart or a lost task; a bad change is
 // refused, logged, and the last good config stays.
 func TestLiveReload(t *testing.T) {
+	t.Parallel()
 	const tasks = 100
 	u := newUpstream(t)
 	queue := redistest.Queue(t, "q")
@@ -185,6 +188,7 @@ func replace(t *testing.T, path, content string) {
 // TestBadConfig: a bad config stops the worker at start with exit code 2
 // and one line per problem, naming its key.
 func TestBadConfig(t *testing.T) {
+	t.Parallel()
 	path := writeConfig(t, `
 redis: {addr: 127.0.0.1:1}
 worker: {concurency: 10}

@@ -28,6 +28,7 @@ const emailSchema = `{
 // tasks without a schema takes any JSON; a type named nowhere is refused,
 // listing the known ones.
 func TestEnqueueSchema(t *testing.T) {
+	t.Parallel()
 	addr := redistest.Addr(t)
 	queue := redistest.Queue(t, "emails")
 	dir := t.TempDir()
@@ -110,6 +111,7 @@ tasks:
 // and the worker at start with exit code 2, naming tasks.<type>.schema and
 // the problem.
 func TestSchemaFileProblems(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		desc, schema, want string
 	}{

@@ -36,6 +36,7 @@ const tlsServerName = "redis.sluice.test"
 // (ACL LOG, no Redis error counted). A wrong CA or a wrong password stops worker
 // and enqueue with exit code 1 and one line that names the key.
 func TestTLSAndACL(t *testing.T) {
+	t.Parallel()
 	ca, otherCA := testkit.NewCA(t), testkit.NewCA(t)
 	later := time.Now().Add(time.Hour)
 	serverCert, serverKey := ca.Issue(t, "server", []string{tlsServerName}, later)

@@ -59,6 +59,7 @@ func uiRequest(t *testing.T, w *worker, method, path, user, password string) int
 // but changes nothing: every write of asynqmon's API is 405, and the
 // scheduled tasks stay.
 func TestWebUIReadOnly(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "reports")
 	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\n", redisAddr(t), queue)))
 	scheduleTasks(t, queue, 5)
@@ -85,6 +86,7 @@ func TestWebUIReadOnly(t *testing.T) {
 // (compared with a bcrypt hash), and with it a user may delete; neither
 // the password nor its hash is logged.
 func TestWebUIWrites(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "reports")
 	hash, err := bcrypt.GenerateFromPassword([]byte("correct horse"), bcrypt.MinCost)
 	if err != nil {
@@ -132,6 +134,7 @@ func TestWebUIWrites(t *testing.T) {
 // scheduled tasks through the UI is refused (port 2112 is not listed) and
 // archived at once with a message saying why, and the tasks stay.
 func TestIntakeCannotReachWorkerUI(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "reports")
 	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\nhttp: {allow: [127.0.0.1, localhost]}\n", redisAddr(t), queue)))
 	scheduleTasks(t, queue, 5)
