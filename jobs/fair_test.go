@@ -4,14 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -29,16 +26,13 @@ func newFairFixture(t *testing.T, perSecond int, key string, weights map[string]
 	t.Helper()
 	f := &fairFixture{clock: testkit.NewClock(t0), queue: redistest.Queue(t, "fair")}
 	drain := limit("leaky_bucket", perSecond, 1, "deny")
-	cfg := Config{Queues: map[string]QueueConfig{f.queue: {Drain: &drain, Fairness: &FairnessConfig{Key: key, Weights: weights}}}}
-	s, err := NewScheduler(redistest.Client(t), asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg,
-		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)), WithClock(f.clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	f.s = s
+	f.s = newScheduler(t, redistest.Client(t), Config{Queues: map[string]QueueConfig{
+		f.queue: {Drain: &drain, Fairness: &FairnessConfig{Key: key, Weights: weights}}}}, WithClock(f.clock))
 	return f
 }
+
+// gate is the queue's fair gate in force.
+func (f *fairFixture) gate() *fairGate { return f.s.gates.Load().fair[f.queue] }
 
 // tenant is a task whose payload.t is key.
 func tenant(key string) *asynq.Task {
@@ -69,7 +63,7 @@ func (f *fairFixture) offer(t *testing.T, id string, task *asynq.Task, letOut bo
 // fair lines.
 func (f *fairFixture) letOut(t *testing.T) []string {
 	t.Helper()
-	more, extra := f.s.gates.Load().fair[f.queue].wakeArgs()
+	more, extra := f.gate().wakeArgs()
 	args := append([]any{f.s.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), f.s.worker, wakeLease.Microseconds()}, extra...)
 	reply, err := wakeScript.Run(context.Background(), f.s.rdb, append(wakeKeys(f.queue), more...), args...).Slice()
 	if err != nil {
@@ -133,7 +127,7 @@ func TestFairWeightsAtEveryRate(t *testing.T) {
 	for _, perSecond := range []int{1, 10, 20, 40, 1000} {
 		t.Run(fmt.Sprintf("%d/s", perSecond), func(t *testing.T) {
 			f := newFairFixture(t, perSecond, "payload.t", map[string]int{"vip": 3})
-			depth := f.s.gates.Load().fair[f.queue].depth
+			depth := f.gate().depth
 			settle := 2*depth + 40
 			turns := settle + 200 + 4*depth
 			f.backlog(t, turns, 0, "vip", "std")

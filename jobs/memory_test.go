@@ -216,24 +216,6 @@ func TestKeyedPoolsMemory(t *testing.T) {
 		pools, maxKeyName, maxKeyedPayload, float64(grew)/(1<<20), float64(grew)/float64(pools), time.Since(start).Round(time.Second))
 }
 
-// fairFixture is a Scheduler on a manual clock whose queue shares a drain
-// of perSecond (leaky bucket, burst 1) fairly among payload.tenant.
-type fairFixture struct {
-	s     *Scheduler
-	clock *testkit.Clock
-	queue string
-	fair  *fairGate
-}
-
-func newFairFixture(t *testing.T, perSecond int) *fairFixture {
-	f := &fairFixture{clock: testkit.NewClock(t0), queue: redistest.Queue(t, "fair")}
-	drain := LimitConfig{Algorithm: "leaky_bucket", Limit: perSecond, Period: time.Second, Burst: 1}
-	f.s = newScheduler(t, redistest.Client(t), Config{Queues: map[string]QueueConfig{
-		f.queue: {Drain: &drain, Fairness: &FairnessConfig{Key: "payload.tenant"}}}}, WithClock(f.clock))
-	f.fair = f.s.gates.Load().fair[f.queue]
-	return f
-}
-
 // book books a fresh task with payload; parked says whether it must wait
 // in its tenant's line (its tenant holds its share) or book a turn.
 func (f *fairFixture) book(t *testing.T, id string, payload []byte, parked bool) {
@@ -267,7 +249,7 @@ func TestParkedViewsMemory(t *testing.T) {
 	views := keysAtScale(maxParkedViews)
 	// The tenants' first turns over the next 10s, and the fair depth
 	// (300ms of the drain) far below one turn per tenant.
-	f := newFairFixture(t, views/10)
+	f := newFairFixture(t, views/10, "payload.tenant", nil)
 	tenant := func(i int) string { return longKeyValue(i, "") }
 	f.tenants(t, views, tenant)
 	h := &heapBound{t: t, what: "parked views", baseline: liveHeap(), perKey: 1 << 10}
@@ -277,7 +259,7 @@ func TestParkedViewsMemory(t *testing.T) {
 		f.book(t, fmt.Sprint("second-", i), bigPayload("tenant", tenant(i)), true)
 		grew = h.check(i+1, views)
 	}
-	if n := len(f.fair.parked); n != views {
+	if n := len(f.gate().parked); n != views {
 		t.Fatalf("%d parked views after %d tenants refused, want %d", n, views, views)
 	}
 	t.Logf("%d parked views, tenants of %d bytes, payloads of %d bytes: live heap %+.2f MiB (%.0f bytes a view) in %v",
@@ -285,7 +267,7 @@ func TestParkedViewsMemory(t *testing.T) {
 
 	f.clock.Add(fairParkedView + time.Millisecond)
 	f.book(t, "third", fmt.Appendf(nil, `{"tenant": %q}`, tenant(views-1)), true)
-	if n := len(f.fair.parked); n != 1 {
+	if n := len(f.gate().parked); n != 1 {
 		t.Fatalf("%d parked views after they ended and one more refusal, want 1", n)
 	}
 	if after := liveHeap() - h.baseline; after > heapSlack {
@@ -298,7 +280,7 @@ func TestParkedViewsMemory(t *testing.T) {
 // them (before, a worker kept them until it remembered maxParkedViews).
 func TestParkedViewsSwept(t *testing.T) {
 	const tenants = 200
-	f := newFairFixture(t, 100)
+	f := newFairFixture(t, 100, "payload.tenant", nil)
 	tenant := func(i int) string { return fmt.Sprint("tenant-", i) }
 	f.tenants(t, tenants, tenant)
 	for i := range tenants {
@@ -307,7 +289,7 @@ func TestParkedViewsSwept(t *testing.T) {
 	f.clock.Add(fairParkedView + time.Millisecond)
 	// Its first turn 2s ahead, among some 100 tenants' still to come.
 	f.book(t, "third", fmt.Appendf(nil, `{"tenant": %q}`, tenant(tenants-1)), true)
-	if n := len(f.fair.parked); n != 1 {
+	if n := len(f.gate().parked); n != 1 {
 		t.Fatalf("%d parked views kept after %d ended and one more refusal, want 1: views are kept after they end", n, tenants)
 	}
 }
