@@ -97,21 +97,13 @@ func (gs *gateSet) keyedGates() map[string]func(context.Context) ([]throttle.Key
 			if g.expr == nil {
 				continue
 			}
-			gates[g.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) {
-				loads, err := throttle.Loads(ctx, g.lim)
-				if err != nil {
-					return nil, err
-				}
-				// Each override keeps its one key value under a prefix of its own.
-				for _, v := range slices.Sorted(maps.Keys(g.overrides)) {
-					more, err := throttle.Loads(ctx, g.overrides[v].lim)
-					if err != nil {
-						return nil, err
-					}
-					loads = append(loads, more...)
-				}
-				return loads, nil
+			// Each override keeps its one key value under a prefix of its
+			// own: read with the gate's in one scan.
+			lims := []throttle.Limiter{g.lim}
+			for _, o := range g.overrides {
+				lims = append(lims, o.lim)
 			}
+			gates[g.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, lims...) }
 		}
 	}
 	for _, f := range gs.fair {
