@@ -33,8 +33,8 @@ func (e *GateError) Error() string { return "jobs: " + e.Problem }
 // "drain:<queue>" and "quota:<name>" (keyed by `key:`, their overrides
 // included), "fair:<queue>" (a queue's fairness), "concurrency:type:<type>"
 // (concurrency_key); a quota's bare name will do when no other gate has it.
-// It reads Redis (a SCAN of the gate's keys), counts nothing, and is for
-// operators: see throttle.Loads.
+// It reads Redis (one SCAN pass over the keyspace for the gate and its
+// overrides), counts nothing, and is for operators: see throttle.Loads.
 func KeyLoads(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate string, top int) ([]throttle.KeyLoad, error) {
 	if top < 1 || top > MaxKeyLoads {
 		return nil, &GateError{fmt.Sprintf("the keys listed must be 1 to %d, got %d", MaxKeyLoads, top)}
