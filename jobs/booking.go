@@ -2,6 +2,8 @@ package jobs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"time"
@@ -39,13 +41,24 @@ type booking struct {
 
 // bookingID names a task's turns in the limiters: the same for the task
 // and for the copies it may go back to Redis as, so that a task back for
-// its turns gets them (throttle.Claim.ID).
+// its turns gets them (throttle.Claim.ID). It is <queue>/<id>, or past
+// maxBookingID bytes "#" and its SHA-256: no '/', so no other task's.
 func bookingID(queue, id string, t *asynq.Task) string {
 	if origin := t.Headers()[headerOrigin]; origin != "" {
 		id = origin
 	}
-	return queue + "/" + id
+	bid := queue + "/" + id
+	if len(bid) > maxBookingID {
+		sum := sha256.Sum256([]byte(bid))
+		return "#" + hex.EncodeToString(sum[:])
+	}
+	return bid
 }
+
+// maxBookingID bounds a booking ID: it goes with every script call of the
+// task and into its key's line in a fair queue, and asynq takes ids of
+// any length.
+const maxBookingID = 1024
 
 // fresh reports whether the task comes from its producer, not back from
 // waiting in Redis (where it may hold turns under its booking ID).

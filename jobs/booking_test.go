@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -226,5 +227,25 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	}
 	if again := f.book(t, "again"); !again.ready.Equal(next.ready.Add(40 * ms)) {
 		t.Fatalf("a new task at %v; want after the others, %v", again.ready.Sub(t0), next.ready.Add(40*ms).Sub(t0))
+	}
+}
+
+// TestBookingIDBounded (19.4): a booking ID past maxBookingID bytes is
+// "#" and a hash, the same for the task and its copies; since every other
+// booking ID has a '/', no task whose id a producer chose has it.
+func TestBookingIDBounded(t *testing.T) {
+	long := strings.Repeat("x", maxBookingID)
+	hashed := bookingID("q", long, asynq.NewTask("t", nil))
+	copied := bookingID("q", long+"~1", asynq.NewTaskWithHeaders("t", nil, map[string]string{headerOrigin: long}))
+	if len(hashed) != 65 || hashed[0] != '#' || strings.Contains(hashed, "/") || copied != hashed {
+		t.Fatalf("booking IDs of a long id and of its copy: %.80q, %.80q; want one, \"#\" and 64 hex digits", hashed, copied)
+	}
+	for _, id := range []string{hashed, hashed[1:], "q/" + hashed} {
+		if got := bookingID("q", id, asynq.NewTask("t", nil)); got == hashed {
+			t.Errorf("the task with id %q has the long id's booking ID", id)
+		}
+	}
+	if got := bookingID("q", long[:maxBookingID-2], asynq.NewTask("t", nil)); got != "q/"+long[:maxBookingID-2] {
+		t.Errorf("a booking ID of %d bytes was changed to %.40q", maxBookingID, got)
 	}
 }

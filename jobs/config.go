@@ -3,6 +3,7 @@ package jobs
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"sort"
 	"strings"
 	"time"
@@ -336,25 +337,23 @@ func (c Config) Validate() []error {
 		if t.Cost < 1 {
 			bad(key+".cost", "must be >= 1, got %d", t.Cost)
 		}
-		// A task that costs more than a gate can ever admit at once would
-		// wait forever.
-		for _, quota := range t.Quotas {
-			l, ok := c.Quotas[quota]
-			if !ok {
-				continue
-			}
-			if t.Cost > l.Spec().Capacity() && l.Spec().Validate() == nil {
-				bad(key+".cost", "%d is more than quota %q can ever admit at once (%d); lower the cost or raise the quota's burst", t.Cost, quota, l.Spec().Capacity())
-			}
-			for _, v := range sortedKeys(l.Overrides) {
-				if o := l.override(l.Overrides[v]).Spec(); t.Cost > o.Capacity() && o.Validate() == nil {
-					bad(key+".cost", "%d is more than quota %q can ever admit at once for key %q (%d); lower the cost or raise that override's burst", t.Cost, quota, v, o.Capacity())
+		// A task that costs more than a gate (or one key value's override
+		// of it) can ever admit at once would wait forever.
+		admits := func(path string, l LimitConfig, why string) {
+			for at, spec := range l.specs(path) {
+				if t.Cost > spec.Capacity() && spec.Validate() == nil {
+					bad(key+".cost", "%d is more than %s can ever admit at once (%d)%s; lower the cost or raise its burst", t.Cost, at, spec.Capacity(), why)
 				}
 			}
 		}
+		for _, quota := range t.Quotas {
+			if l, ok := c.Quotas[quota]; ok {
+				admits("quotas."+quota, l, "")
+			}
+		}
 		for _, queue := range sortedKeys(c.Queues) {
-			if d := c.Queues[queue].Drain; d != nil && t.Cost > d.Spec().Capacity() && d.Spec().Validate() == nil {
-				bad(key+".cost", "%d is more than queues.%s.drain can ever admit at once (%d), and a task may be enqueued into any queue; lower the cost or raise the drain's burst", t.Cost, queue, d.Spec().Capacity())
+			if d := c.Queues[queue].Drain; d != nil {
+				admits("queues."+queue+".drain", *d, ", and a task may be enqueued into any queue")
 			}
 		}
 		if t.Concurrency < 0 {
@@ -420,6 +419,21 @@ func (l LimitConfig) validate(key string) []error {
 		errs = append(errs, l.override(l.Overrides[v]).validate(key+".overrides."+v)...)
 	}
 	return errs
+}
+
+// specs yields the limit's spec and each override's, by the key
+// config.yaml names it under (key, key.overrides.<value>).
+func (l LimitConfig) specs(key string) iter.Seq2[string, throttle.Spec] {
+	return func(yield func(string, throttle.Spec) bool) {
+		if !yield(key, l.Spec()) {
+			return
+		}
+		for _, v := range sortedKeys(l.Overrides) {
+			if !yield(key+".overrides."+v, l.override(l.Overrides[v]).Spec()) {
+				return
+			}
+		}
+	}
 }
 
 // validateKeyExpr checks a key expression: it must compile and type-check

@@ -95,27 +95,56 @@ func TestWorkerDeathCounts(t *testing.T) {
 	}
 }
 
-// TestCostAboveCapacity (9.7): a task type whose cost no gate can ever
-// admit at once is refused at start and on reload, naming tasks.<type>.cost
-// and the gate.
+// TestCostAboveCapacity (9.7, 19.5): a task type whose cost a gate, or a
+// key value's override of it, can never admit at once is refused at start
+// and on reload, naming tasks.<type>.cost and the gate's key path. (A
+// keyed drain's override was not checked: its tasks were archived, "can
+// never be admitted".)
 func TestCostAboveCapacity(t *testing.T) {
+	keyed := func(l LimitConfig) *LimitConfig {
+		l.Key, l.Overrides = "payload.tenant", map[string]LimitOverride{"small": {Limit: 1, Burst: 1}, "big": {Burst: 50}}
+		return &l
+	}
+	for _, c := range []struct {
+		desc  string
+		drain *LimitConfig
+		quota LimitConfig
+		want  []string
+	}{
+		{desc: "the gates themselves", drain: &LimitConfig{Limit: 5, Period: time.Second, Burst: 2}, quota: LimitConfig{Limit: 10, Period: time.Second, Burst: 3},
+			want: []string{"tasks.t.cost: 4 is more than quotas.api can ever admit at once (3)", "tasks.t.cost: 4 is more than queues.q.drain can ever admit at once (2)"}},
+		{desc: "a keyed drain's override", drain: keyed(LimitConfig{Limit: 10, Period: time.Second, Burst: 10}), quota: LimitConfig{Limit: 10, Period: time.Second},
+			want: []string{"tasks.t.cost: 4 is more than queues.q.drain.overrides.small can ever admit at once (1)"}},
+		{desc: "a keyed quota's override", quota: *keyed(LimitConfig{Limit: 10, Period: time.Second}),
+			want: []string{"tasks.t.cost: 4 is more than quotas.api.overrides.small can ever admit at once (1)"}},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			cfg := Config{
+				Queues: map[string]QueueConfig{"q": {Drain: c.drain}},
+				Quotas: map[string]LimitConfig{"api": c.quota},
+				Tasks:  map[string]TaskConfig{"t": {Quotas: []string{"api"}, Cost: 4}},
+			}
+			var msgs []string
+			for _, err := range cfg.Defaults().Validate() {
+				msgs = append(msgs, err.Error())
+			}
+			if len(msgs) != len(c.want) {
+				t.Errorf("%d problems, want %d:\n%s", len(msgs), len(c.want), strings.Join(msgs, "\n"))
+			}
+			all := strings.Join(msgs, "\n")
+			for _, want := range c.want {
+				if !strings.Contains(all, want) {
+					t.Errorf("problems:\n%s\nwant one saying %q", all, want)
+				}
+			}
+		})
+	}
 	cfg := Config{
 		Queues: map[string]QueueConfig{"q": {Drain: &LimitConfig{Limit: 5, Period: time.Second, Burst: 2}}},
 		Quotas: map[string]LimitConfig{"api": {Limit: 10, Period: time.Second, Burst: 3}},
 		Tasks:  map[string]TaskConfig{"t": {Quotas: []string{"api"}, Cost: 4}},
 	}
-	var msgs []string
-	for _, err := range cfg.Defaults().Validate() {
-		msgs = append(msgs, err.Error())
-	}
-	all := strings.Join(msgs, "\n")
-	for _, want := range []string{`tasks.t.cost: 4 is more than quota "api" can ever admit at once (3)`, "tasks.t.cost: 4 is more than queues.q.drain can ever admit at once (2)"} {
-		if !strings.Contains(all, want) {
-			t.Errorf("problems:\n%s\nwant one saying %q", all, want)
-		}
-	}
 	s := newTestScheduler(t, Config{Queues: map[string]QueueConfig{"q": {}}})
-	cfg.Tasks["t"] = TaskConfig{Quotas: []string{"api"}, Cost: 4}
 	if err := s.Apply(cfg); err == nil || !strings.Contains(err.Error(), "tasks.t.cost") {
 		t.Errorf("Apply of a cost above capacity: %v, want refused naming tasks.t.cost", err)
 	}

@@ -33,8 +33,8 @@ func (e *GateError) Error() string { return "jobs: " + e.Problem }
 // "drain:<queue>" and "quota:<name>" (keyed by `key:`, their overrides
 // included), "fair:<queue>" (a queue's fairness), "concurrency:type:<type>"
 // (concurrency_key); a quota's bare name will do when no other gate has it.
-// It reads Redis (a SCAN of the gate's keys), counts nothing, and is for
-// operators: see throttle.Loads.
+// It reads Redis (one SCAN pass over the keyspace for the gate and its
+// overrides), counts nothing, and is for operators: see throttle.Loads.
 func KeyLoads(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate string, top int) ([]throttle.KeyLoad, error) {
 	if top < 1 || top > MaxKeyLoads {
 		return nil, &GateError{fmt.Sprintf("the keys listed must be 1 to %d, got %d", MaxKeyLoads, top)}
@@ -97,21 +97,13 @@ func (gs *gateSet) keyedGates() map[string]func(context.Context) ([]throttle.Key
 			if g.expr == nil {
 				continue
 			}
-			gates[g.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) {
-				loads, err := throttle.Loads(ctx, g.lim)
-				if err != nil {
-					return nil, err
-				}
-				// Each override keeps its one key value under a prefix of its own.
-				for _, v := range slices.Sorted(maps.Keys(g.overrides)) {
-					more, err := throttle.Loads(ctx, g.overrides[v].lim)
-					if err != nil {
-						return nil, err
-					}
-					loads = append(loads, more...)
-				}
-				return loads, nil
+			// Each override keeps its one key value under a prefix of its
+			// own: read with the gate's in one scan.
+			lims := []throttle.Limiter{g.lim}
+			for _, o := range g.overrides {
+				lims = append(lims, o.lim)
 			}
+			gates[g.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, lims...) }
 		}
 	}
 	for _, f := range gs.fair {

@@ -96,6 +96,72 @@ func TestKeyLoads(t *testing.T) {
 	}
 }
 
+// TestKeyLoadsOneScan (19.11): a keyed quota with 30 overrides is read in
+// one pass over the keyspace, whatever the overrides: at most twice the
+// SCAN calls of one plain pass (the keyspace may grow under other tests
+// meanwhile), and its keys and the overrides' listed. (It was scanned once
+// for the quota and once per override: 1,000 overrides, 200,000 keys took
+// 207.6s.)
+func TestKeyLoadsOneScan(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	scans := &scriptCalls{command: "scan"}
+	rdb.AddHook(scans)
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	overrides := map[string]LimitOverride{}
+	for i := range 30 {
+		overrides[fmt.Sprint("o", i)] = LimitOverride{Limit: 100 + i}
+	}
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{quota: {Limit: 10, Period: time.Second, Key: "payload.dest", Overrides: overrides}},
+		Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}
+	s := newScheduler(t, rdb, cfg)
+	for _, dest := range []string{"a", "o3", "o29"} {
+		task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": %q}`, dest))
+		if _, err := s.book(ctx, s.gates.Load(), queue, dest, task, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.gates.Load().close() // the keys' leases given back: only their states stay
+	// 3,000 other keys, so that one pass takes several calls.
+	prefix := redistest.Prefix(t)
+	var filler []string
+	var pairs []any
+	for i := range 3000 {
+		filler = append(filler, fmt.Sprint(prefix, i))
+		pairs = append(pairs, filler[i], "x")
+	}
+	if err := rdb.MSet(ctx, pairs...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Del(context.Background(), filler...) })
+
+	scans.count.Store(0)
+	it := rdb.Scan(ctx, 0, prefix+"none:*", 1000).Iterator()
+	for it.Next(ctx) {
+	}
+	pass := scans.count.Load()
+	scans.count.Store(0)
+	loads, err := KeyLoads(ctx, rdb, cfg, "quota:"+quota, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, l := range loads {
+		keys = append(keys, l.Key)
+	}
+	slices.Sort(keys)
+	if fmt.Sprint(keys) != "[a o29 o3]" {
+		t.Errorf("KeyLoads listed %v, want a, o29 and o3", keys)
+	}
+	t.Logf("one pass over the keyspace: %d SCAN calls; KeyLoads of a gate with %d overrides: %d", pass, len(overrides), scans.count.Load())
+	if got := scans.count.Load(); got > 2*pass {
+		t.Errorf("KeyLoads made %d SCAN calls, want at most %d: twice one pass (%d) over the keyspace", got, 2*pass, pass)
+	}
+}
+
 // TestFairKeyLoads: a fair queue's keys as its lines hold them, on a test
 // clock: tasks parked in a key's line count as waiting and as throttled;
 // a minute and more later they still wait but no longer count as

@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -347,23 +348,20 @@ func TestWakerLooksInBatches(t *testing.T) {
 }
 
 // scriptCalls counts the script runs (EVALSHA or EVAL) whose arguments
-// include op.
+// include op; with command set, the commands of that name instead.
 type scriptCalls struct {
-	op    string
-	count atomic.Int64
+	op, command string
+	count       atomic.Int64
 }
 
 func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			for _, arg := range cmd.Args() {
-				if arg == c.op {
-					c.count.Add(1)
-					break
-				}
-			}
+		name := cmd.Name()
+		if c.command != "" && name == c.command ||
+			c.command == "" && (name == "evalsha" || name == "eval") && slices.Contains(cmd.Args(), any(c.op)) {
+			c.count.Add(1)
 		}
 		return next(ctx, cmd)
 	}

@@ -180,6 +180,11 @@ func TestEnqueueBadInput(t *testing.T) {
 		{desc: "task id twice in a queue", file: `{"type": "demo:noop", "options": {"task_id": "a"}}` + "\n" + `{"type": "demo:noop", "options": {"task_id": "b"}}` + "\n" +
 			`{"type": "demo:noop", "options": {"task_id": "a"}}` + "\n" + `{"type": "demo:noop", "options": {"task_id": 3}}` + "\n",
 			want: []string{"has 2 bad lines;", `line 3: task_id "a" is also on line 1 in queue`, "line 4: options.task_id: want a string"}},
+		{desc: "task id too long", args: []string{"demo:noop", "--task-id", strings.Repeat("x", 1025)},
+			want: []string{"--task-id: is 1025 bytes long; task ids are at most 1024 bytes"}},
+		{desc: "task id too long in a line", file: `{"type": "demo:noop", "options": {"task_id": "short"}}` + "\n" +
+			`{"type": "demo:noop", "options": {"task_id": "` + strings.Repeat("x", 1025) + `"}}` + "\n",
+			want: []string{"has 1 bad line;", "line 2: options.task_id: is 1025 bytes long; task ids are at most 1024 bytes"}},
 		{desc: "JSON syntax error in a line", file: "\n" + `{"type": "demo:noop", "payload": {}` + "\n",
 			want: []string{"line 2: invalid JSON at byte 35"}},
 	}

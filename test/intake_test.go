@@ -301,6 +301,8 @@ func TestIntakeRefuses(t *testing.T) {
 	for _, c := range []struct{ desc, body, want string }{
 		{"a queue no config names", fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, unknown), `queue: \"` + unknown + `\" is not under queues`},
 		{"the default queue, not configured here", `{"type": "demo:noop"}`, `queue: \"default\" is not under queues`},
+		{"a task id too long", fmt.Sprintf(`{"type": "demo:noop", "queue": %q, "options": {"task_id": %q}}`, queue, strings.Repeat("x", 1025)),
+			"options.task_id: is 1025 bytes long; task ids are at most 1024 bytes"},
 		{"a group", fmt.Sprintf(`{"type": "demo:noop", "queue": %q, "options": {"group": "g"}}`, queue), "options.group: workers run no group aggregator"},
 		{"http:request by default", fmt.Sprintf(`{"type": "http:request", "queue": %q, "payload": {"url": "http://127.0.0.1:2112/ui/api/queues"}}`, queue),
 			`type: \"http:request\" is not a type this intake takes (gateway.types: demo:noop, demo:sleep)`},

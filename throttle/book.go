@@ -26,7 +26,9 @@ type Claim struct {
 	// nothing (the caller is back for its turn, or calls again after a
 	// reply was lost); kept turns that are not given back so are dropped
 	// and the claims booked anew. Cancel of such a turn gives it back by ID,
-	// once however often it is called. Up to 1 KiB; longer IDs are hashed.
+	// once however often it is called. Any length: the key a turn is kept
+	// under names the ID as Key names a key, hashed when long, so no two
+	// IDs share one.
 	ID string
 }
 
@@ -200,9 +202,6 @@ func partsOf(claims []Claim) ([]*part, error) {
 				return nil, fmt.Errorf("%w: claims %d and %d are on the same key %q of one limiter: make them one claim", ErrInvalidCost, p.claim, i, c.Key)
 			}
 		}
-		if len(c.ID) > maxID {
-			return nil, fmt.Errorf("%w: claim %d: ID is %d bytes, at most %d", ErrInvalidCost, i, len(c.ID), maxID)
-		}
 		parts[i] = &part{claim: i, lim: lim, key: c.Key, n: int64(c.N), id: c.ID}
 		if r := c.Replaces; r != nil && r.OK && r.Fallback == "" {
 			parts[i].replaces = lim.compiled().piecesOf(*r)
@@ -282,9 +281,6 @@ type booker struct {
 	remind    *algorithms.Remind // see Remind
 	moving    time.Time          // when the latest round that moved turns began
 }
-
-// maxID bounds Claim.ID: it becomes part of a key.
-const maxID = 1024
 
 // maxRounds bounds the rounds in which slots that disagree move their
 // turns to one instant; each round moves the instant on.

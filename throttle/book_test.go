@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -385,6 +386,48 @@ func TestBookByID(t *testing.T) {
 			if !next.At.Equal(later.At) || !after.At.Equal(later.At.Add(40*ms)) {
 				t.Fatalf("after task-3's turn at %v was cancelled twice: turns at %v and %v; want it once, then 40ms later",
 					later.At.Sub(t0), next.At.Sub(t0), after.At.Sub(t0))
+			}
+		})
+	}
+}
+
+// TestBookLongID (19.4): a turn booked ahead under an ID of 2,000 bytes is
+// kept like any other: the claim back with that ID gets it, counting
+// nothing; a claim whose short ID is the long one's hash (what the key of
+// its kept turn names) does not; Cancel of the turn read back from its
+// text frees it. (Book refused IDs over 1 KiB as a bad cost.)
+func TestBookLongID(t *testing.T) {
+	long := strings.Repeat("x", 2000)
+	hashed := strings.Trim(throttle.Key("", long), "{}") // "#" and 32 hex digits
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			claims := func(id string) []throttle.Claim { return []throttle.Claim{{Limiter: drain, Key: "q", N: 1, ID: id}} }
+			book(t, claims(""), time.Time{}, time.Second) // now
+			first := book(t, claims(long), time.Time{}, time.Second)
+			if !first.OK || first.Kept || first.Delay != 40*ms {
+				t.Fatalf("first booking under the long ID = %+v; want OK at +40ms, counted", first)
+			}
+			if again := book(t, claims(long), time.Time{}, time.Second); !again.Kept || !again.At.Equal(first.At) {
+				t.Fatalf("back under the long ID = %+v; want its kept turn at +40ms", again)
+			}
+			if other := book(t, claims(hashed), time.Time{}, time.Second); other.Kept || !other.At.Equal(t0.Add(80*ms)) {
+				t.Fatalf("a claim whose ID %q is the long one's hash = %+v; want a turn of its own at +80ms", hashed, other)
+			}
+			text, err := first.Turns[0].MarshalText()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var turn throttle.Reservation
+			if err := turn.UnmarshalText(text); err != nil {
+				t.Fatal(err)
+			}
+			if err := drain.(throttle.Reserver).Cancel(context.Background(), "q", turn); err != nil {
+				t.Fatal(err)
+			}
+			if next := book(t, claims(""), time.Time{}, time.Second); !next.At.Equal(first.At) {
+				t.Fatalf("after the long ID's turn was given back, the next turn is at +%v; want its +40ms", next.At.Sub(t0))
 			}
 		})
 	}

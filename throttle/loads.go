@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,17 +86,33 @@ func unTag(tag string) string {
 	return b.String()
 }
 
-// scanTags calls fn with the tag and the rest of every key that begins
-// with prefix + "{", on every master of a cluster. fn may be called from
-// several goroutines at once.
-func scanTags(ctx context.Context, rdb redis.UniversalClient, prefix string, fn func(tag, rest string)) error {
-	match := globEscape(prefix) + "{*"
+// scanTags calls fn with the prefix, the tag and the rest of every key
+// that begins with one of prefixes + "{", on every master of a cluster: in
+// one pass over the keyspace (a SCAN visits every key, whatever it
+// matches), however many prefixes. fn may be called from several
+// goroutines at once.
+func scanTags(ctx context.Context, rdb redis.UniversalClient, prefixes []string, fn func(prefix, tag, rest string)) error {
+	common := prefixes[0]
+	wanted := map[string]bool{}
+	for _, p := range prefixes {
+		wanted[p] = true
+		for !strings.HasPrefix(p, common) {
+			common = common[:len(common)-1]
+		}
+	}
+	match := globEscape(common) + "{*"
+	if len(wanted) > 1 {
+		match = globEscape(common) + "*{*"
+	}
 	scan := func(ctx context.Context, c redis.Cmdable) error {
 		it := c.Scan(ctx, 0, match, 1000).Iterator()
 		for it.Next(ctx) {
-			key := it.Val()[len(prefix)+1:]
-			if end := strings.IndexByte(key, '}'); end >= 0 {
-				fn(key[:end], key[end+1:])
+			// No prefix holds '{' (WithPrefix): the first opens the tag.
+			key := it.Val()
+			open := strings.IndexByte(key, '{')
+			prefix, tagged := key[:open], key[open+1:]
+			if end := strings.IndexByte(tagged, '}'); end >= 0 && wanted[prefix] {
+				fn(prefix, tagged[:end], tagged[end+1:])
 			}
 		}
 		return it.Err()
@@ -108,11 +126,12 @@ func scanTags(ctx context.Context, rdb redis.UniversalClient, prefix string, fn 
 // globEscape makes s match itself in a SCAN pattern.
 func globEscape(s string) string {
 	var b strings.Builder
-	for _, c := range s {
-		if strings.ContainsRune(`*?[]\`, c) {
+	for i := 0; i < len(s); i++ {
+		// Bytewise: a common prefix may end inside a UTF-8 sequence.
+		if strings.IndexByte(`*?[]\`, s[i]) >= 0 {
 			b.WriteByte('\\')
 		}
-		b.WriteRune(c)
+		b.WriteByte(s[i])
 	}
 	return b.String()
 }
@@ -128,55 +147,93 @@ func redisNow(ctx context.Context, rdb redis.UniversalClient, clock Clock) (time
 // maxLoadsBatch bounds the reads sent in one pipeline.
 const maxLoadsBatch = 1000
 
-// Loads lists every key of lim (from New or NewFairShare) that holds
-// state in Redis or throttled an event in the last minute, in no order.
-// It scans the limiter's prefix on every server (Redis SCAN: a look over
-// every key, however many), so it is for operators, not for every task;
-// it counts nothing (a look may clean up what has expired).
-func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
-	l, ok := lim.(*redisLimiter)
-	if !ok {
-		return nil, fmt.Errorf("throttle: Loads: %T is not a Redis limiter (New or NewFairShare)", lim)
-	}
-	if l.fair != nil {
-		return l.fairLoads(ctx)
-	}
-	rdb := l.calls.rdb
-	var mu sync.Mutex
-	tags := map[string]bool{} // tag -> whether it has a state
-	err := scanTags(ctx, rdb, l.prefix, func(tag, rest string) {
-		if rest == "" || rest == ":x" { // a state, or its recent throttles
-			mu.Lock()
-			tags[tag] = tags[tag] || rest == ""
-			mu.Unlock()
+// Loads lists every key of lims (each from New or NewFairShare, all on
+// one Redis client) that holds state in Redis or throttled an event in the
+// last minute, in no order. It scans the keyspace on every server once for
+// all of them (Redis SCAN: a look over every key, however many), so it is
+// for operators, not for every task; it counts nothing (a look may clean
+// up what has expired).
+func Loads(ctx context.Context, lims ...Limiter) ([]KeyLoad, error) {
+	var loads []KeyLoad
+	var rdb redis.UniversalClient
+	byPrefix := map[string]*redisLimiter{}
+	for _, lim := range lims {
+		l, ok := lim.(*redisLimiter)
+		if !ok {
+			return nil, fmt.Errorf("throttle: Loads: %T is not a Redis limiter (New or NewFairShare)", lim)
 		}
+		if rdb == nil {
+			rdb = l.calls.rdb
+		} else if l.calls.rdb != rdb {
+			return nil, errors.New("throttle: Loads: the limiters are on different Redis clients; call it once for each")
+		}
+		if l.fair != nil {
+			fair, err := l.fairLoads(ctx)
+			if err != nil {
+				return nil, err
+			}
+			loads = append(loads, fair...)
+			continue
+		}
+		byPrefix[l.prefix] = l
+	}
+	if len(byPrefix) == 0 {
+		return loads, nil
+	}
+	// A key with a state, or only its recent throttles.
+	type found struct {
+		l     *redisLimiter
+		tag   string
+		state bool
+	}
+	var mu sync.Mutex
+	tags := map[[2]string]*found{} // by prefix and tag
+	err := scanTags(ctx, rdb, slices.Collect(maps.Keys(byPrefix)), func(prefix, tag, rest string) {
+		if rest != "" && rest != ":x" {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		f := tags[[2]string{prefix, tag}]
+		if f == nil {
+			f = &found{l: byPrefix[prefix], tag: tag}
+			tags[[2]string{prefix, tag}] = f
+		}
+		f.state = f.state || rest == ""
 	})
 	if err != nil {
 		return nil, fmt.Errorf("throttle: Loads: scan: %w", err)
 	}
-	now, err := redisNow(ctx, rdb, l.clock)
-	if err != nil {
-		return nil, fmt.Errorf("throttle: Loads: time: %w", err)
+	var redisTime time.Time
+	for _, l := range byPrefix {
+		if l.clock == nil {
+			if redisTime, err = redisNow(ctx, rdb, nil); err != nil {
+				return nil, fmt.Errorf("throttle: Loads: time: %w", err)
+			}
+			break
+		}
 	}
-	order := make([]string, 0, len(tags))
-	for tag := range tags {
-		order = append(order, tag)
+	nowOf := func(l *redisLimiter) time.Time {
+		if l.clock != nil {
+			return l.clock.Now()
+		}
+		return redisTime
 	}
-	loads := make([]KeyLoad, 0, len(order))
+	order := slices.Collect(maps.Values(tags))
 	for start := 0; start < len(order); start += maxLoadsBatch {
 		batch := order[start:min(len(order), start+maxLoadsBatch)]
 		ops := make([]*algorithms.Op, len(batch))
 		var peeks []*algorithms.Op
-		for i, tag := range batch {
-			if !tags[tag] {
+		for i, f := range batch {
+			if !f.state {
 				continue // no state: idle (a look must not write one)
 			}
-			state := l.prefix + "{" + tag + "}"
+			state := f.l.prefix + "{" + f.tag + "}"
 			ops[i] = &algorithms.Op{Now: algorithms.Now, Name: algorithms.OpPeek, Claims: []algorithms.OpClaim{{
-				Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: 1,
+				Algorithm: f.l.spec.algorithm, Params: f.l.spec.params, Key: state, Aux: auxKey(state), N: 1,
 			}}}
-			if l.clock != nil {
-				ops[i].Now, ops[i].Slack = now.UnixMicro(), injectedClockSlack.Microseconds()
+			if f.l.clock != nil {
+				ops[i].Now, ops[i].Slack = nowOf(f.l).UnixMicro(), injectedClockSlack.Microseconds()
 			}
 			peeks = append(peeks, ops[i])
 		}
@@ -185,29 +242,30 @@ func Loads(ctx context.Context, lim Limiter) ([]KeyLoad, error) {
 		}
 		rings := make([]*redis.StringCmd, len(batch))
 		_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, tag := range batch {
-				rings[i] = p.Get(ctx, recentKey(l.prefix+"{"+tag+"}"))
+			for i, f := range batch {
+				rings[i] = p.Get(ctx, recentKey(f.l.prefix+"{"+f.tag+"}"))
 			}
 			return nil
 		})
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("throttle: Loads: %w", err)
 		}
-		for i, tag := range batch {
-			c := algorithms.Counted{Remaining: l.spec.idleRoom()}
+		for i, f := range batch {
+			spec := f.l.spec
+			c := algorithms.Counted{Remaining: spec.idleRoom()}
 			if op := ops[i]; op != nil {
 				if op.Err != nil {
 					return nil, fmt.Errorf("throttle: Loads: peek: %w", op.Err)
 				}
 				c = op.Result.Claims[0]
 			}
-			load := KeyLoad{Key: unTag(tag), Waiting: -1, Throttled: recentThrottled(rings[i].Val(), now),
+			load := KeyLoad{Key: unTag(f.tag), Waiting: -1, Throttled: recentThrottled(rings[i].Val(), nowOf(f.l)),
 				Remaining: int(c.Remaining), CanAdmit: c.Remaining > 0}
-			switch Algorithm(l.spec.algorithm.Name) {
+			switch Algorithm(spec.algorithm.Name) {
 			case TokenBucket, LeakyBucket:
 				// Each event takes Period/Limit of the bucket's time, and a turn
 				// comes once its time is within Burst events of now.
-				p := l.spec.params
+				p := spec.params
 				load.Waiting = int(max(0, ceilDiv(c.ResetAfter*p.Limit, p.Period)-p.Burst))
 			}
 			loads = append(loads, load)
@@ -295,7 +353,7 @@ func (l *redisLimiter) fairLoads(ctx context.Context) ([]KeyLoad, error) {
 func (s *Semaphore) Loads(ctx context.Context) ([]KeyLoad, error) {
 	var mu sync.Mutex
 	var tags []string
-	err := scanTags(ctx, s.rdb, s.prefix, func(tag, rest string) {
+	err := scanTags(ctx, s.rdb, []string{s.prefix}, func(_, tag, rest string) {
 		if rest == "" || rest == ":x" {
 			mu.Lock()
 			tags = append(tags, tag)

@@ -2,11 +2,14 @@ package throttle_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -118,6 +121,42 @@ func TestLoadsCounting(t *testing.T) {
 	after, _ := rdb.Keys(ctx, prefix+"*").Result()
 	if slices.Compare(slices.Sorted(slices.Values(before)), slices.Sorted(slices.Values(after))) != 0 {
 		t.Fatalf("keys before Loads %v, after %v", before, after)
+	}
+}
+
+// TestLoadsOfSeveral (19.11): Loads of several limiters, under prefixes
+// that share a beginning or none (one under a UTF-8 prefix cut in its
+// common part), lists the keys of each and of no other limiter, each with
+// its own spec's room; limiters on two Redis clients are refused.
+func TestLoadsOfSeveral(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	newLim := func(rdb redis.UniversalClient, prefix string, limit int) throttle.Limiter {
+		t.Helper()
+		lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.FixedWindow, Limit: limit, Period: time.Minute}, throttle.WithPrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	base, over, other, apart := newLim(rdb, prefix+"k:é:", 5), newLim(rdb, prefix+"k:è:", 9), newLim(rdb, prefix+"k:é", 5), newLim(rdb, "x"+prefix, 5)
+	for lim, key := range map[throttle.Limiter]string{base: "a", over: "b", other: "c", apart: "d"} {
+		if _, err := lim.AllowN(ctx, key, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := loadsByKey(t)(throttle.Loads(ctx, base, over, apart))
+	want := map[string]throttle.KeyLoad{
+		"a": {Key: "a", Waiting: -1, CanAdmit: true, Remaining: 4},
+		"b": {Key: "b", Waiting: -1, CanAdmit: true, Remaining: 8},
+		"d": {Key: "d", Waiting: -1, CanAdmit: true, Remaining: 4},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Loads = %+v\nwant %+v", got, want)
+	}
+	if _, err := throttle.Loads(ctx, base, newLim(redistest.Cluster(t), prefix, 5)); err == nil || !strings.Contains(err.Error(), "different Redis clients") {
+		t.Fatalf("Loads of limiters on two clients: %v, want refused", err)
 	}
 }
 

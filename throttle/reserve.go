@@ -113,7 +113,11 @@ func (r Reservation) MarshalText() ([]byte, error) {
 		kept = 1
 	}
 	// The ID goes last: it may hold anything, ';' included.
-	return fmt.Appendf(nil, "%d;%d;%s;%d;%s;%s", r.At.UnixMicro(), r.N, r.Fallback, kept, r.pieces, r.ID), nil
+	text := fmt.Appendf(nil, "%d;%d;%s;%d;%s;%s", r.At.UnixMicro(), r.N, r.Fallback, kept, r.pieces, r.ID)
+	if len(text) > maxTurnText {
+		return nil, fmt.Errorf("throttle: a reservation's text would be %d bytes (its ID %d), more than UnmarshalText takes (%d)", len(text), len(r.ID), maxTurnText)
+	}
+	return text, nil
 }
 
 // UnmarshalText decodes what MarshalText wrote, checking every field: the
@@ -147,9 +151,6 @@ func (r *Reservation) UnmarshalText(text []byte) error {
 		if v, err := strconv.ParseInt(f, 10, 64); err != nil || v <= -algorithms.MaxExact || v >= algorithms.MaxExact {
 			return bad("pieces must be integers below 2^53")
 		}
-	}
-	if len(fields[5]) > maxID {
-		return bad(fmt.Sprintf("the ID is longer than %d bytes", maxID))
 	}
 	*r = Reservation{OK: true, At: time.UnixMicro(at), N: n, Fallback: fields[2], kept: fields[3] == "1", pieces: fields[4], ID: fields[5]}
 	return nil

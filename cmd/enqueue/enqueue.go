@@ -95,7 +95,7 @@ config (nothing enqueued).`,
 	fl.StringVar(&f.timeout, "timeout", "", "time limit of one run, in whole seconds (`duration`; default: asynq's 30m)")
 	fl.StringVar(&f.deadline, "deadline", "", "give up on the task after this RFC 3339 `time`")
 	fl.StringVar(&f.unique, "unique", "", "refuse a task like it (type, payload, queue) for this `duration`")
-	fl.StringVar(&f.taskID, "task-id", "", "the task's `id` (default: a random UUID); an id already taken counts as already enqueued")
+	fl.StringVar(&f.taskID, "task-id", "", "the task's `id`, at most "+fmt.Sprint(maxTaskID)+" bytes (default: a random UUID); an id already taken counts as already enqueued")
 	fl.StringVar(&f.retention, "retention", "", "keep the task this `duration` after it is done")
 	fl.StringVar(&f.group, "group", "", "aggregate the task into `group`")
 	return cmd

@@ -151,8 +151,12 @@ func (v optionValues) check(spell func(key string) string, now time.Time) (taskO
 		o.opts = append(o.opts, asynq.Unique(d))
 	}
 	if id, ok := name("task_id", v.TaskID); ok {
-		o.opts = append(o.opts, asynq.TaskID(id))
-		o.taskID = id
+		if len(id) > maxTaskID {
+			bad("task_id", "is %d bytes long; task ids are at most %d bytes", len(id), maxTaskID)
+		} else {
+			o.opts = append(o.opts, asynq.TaskID(id))
+			o.taskID = id
+		}
 	}
 	if d, ok := duration("retention", v.Retention, 0, true); ok {
 		o.opts = append(o.opts, asynq.Retention(d))
@@ -342,6 +346,10 @@ func checkQueue(name string) error {
 	}
 	return nil
 }
+
+// maxTaskID bounds the task ids enqueue takes. (Workers run tasks with
+// longer ids from other producers too.)
+const maxTaskID = 1024
 
 // checkName checks a task id or group name: asynq refuses blank ones, and
 // control characters would garble every listing of them.
