@@ -72,7 +72,7 @@ type Scheduler struct {
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
-	workers atomic.Int64  // live workers in the fleet, last seen
+	fleet   *fleetSize    // live workers in the fleet, for the local policy
 	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
 	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
 	done    rateCounter   // completions not yet added to the fleet's rate buckets
@@ -86,15 +86,16 @@ type Scheduler struct {
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
 // asynqRedis is where the queues are (the same server, as asynq wants it).
 func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg Config, m *Metrics, log *slog.Logger, opts ...Option) (*Scheduler, error) {
-	host, _ := os.Hostname()
+	queues := asynqRedis.MakeRedisClient().(redis.UniversalClient)
 	s := &Scheduler{
 		rdb:       rdb,
 		client:    asynq.NewClient(asynqRedis),
 		inspector: asynq.NewInspector(asynqRedis),
-		queues:    asynqRedis.MakeRedisClient().(redis.UniversalClient),
+		queues:    queues,
 		metrics:   m,
 		log:       log,
-		worker:    host + ":" + strconv.Itoa(os.Getpid()),
+		worker:    asynqHost() + ":" + strconv.Itoa(os.Getpid()),
+		fleet:     newFleetSize(queues),
 		clock:     systemClock{},
 		slotLease: slotLease,
 		lookNow:   make(chan struct{}, 1),
@@ -102,7 +103,6 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	for _, opt := range opts {
 		opt(s)
 	}
-	s.workers.Store(1)
 	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
 	s.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
 	cfg = cfg.Defaults()
@@ -119,7 +119,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: func() int { return int(s.workers.Load()) }, lease: s.slotLease, evaluations: s.metrics.evaluations}
+	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations}
 	if s.injected {
 		o.clock = s.clock
 	}
