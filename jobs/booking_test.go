@@ -141,8 +141,15 @@ func TestBookRedisFails(t *testing.T) {
 	})
 	t.Run("local: the limits in process", func(t *testing.T) {
 		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "local"), limit("token_bucket", 10, 5, "local"))
+		f.s.fleet.n.Store(1) // a fleet of one, counted (Run counts it)
 		if got, want := f.readyTimes(t, 8), durations(0, 40, 80, 120, 160, 200, 240, 300); fmt.Sprint(got) != want {
 			t.Fatalf("tasks ready at %v, want %v", got, want)
+		}
+	})
+	t.Run("local before the fleet is counted: ask again in a second", func(t *testing.T) {
+		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "local"))
+		if b := f.book(t, "t"); b.askIn != redisRetry || len(b.turns) != 0 {
+			t.Fatalf("booking = %+v, want to ask again in %v with no turn", b, redisRetry)
 		}
 	})
 	t.Run("one gate denies, the other allows: ask again", func(t *testing.T) {

@@ -45,21 +45,18 @@ func (s *Scheduler) rebook(ctx context.Context, gs *gateSet, stale []string) {
 }
 
 // Run keeps the Scheduler's view of the fleet fresh until ctx ends: the
-// number of live workers (for the local policy), the quotas an upstream
+// number of live workers (for the local policy, which waits until Run has
+// counted them: fleetsize.go), the quotas an upstream
 // blocked; brings back the tasks that waited in Redis when they are due
 // (wake.go); and adds this worker's completions to the queues' rates
 // (RecentRate).
 func (s *Scheduler) Run(ctx context.Context) {
 	go s.listenForBlocks(ctx, nil)
 	go s.wake(ctx)
+	go s.fleet.run(ctx)
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
-	for i := 0; ; i++ {
-		if i%2 == 0 {
-			if servers, err := s.inspector.Servers(); err == nil && len(servers) > 0 {
-				s.workers.Store(int64(len(servers)))
-			}
-		}
+	for {
 		s.rescueOrphans(ctx)
 		if err := s.done.flush(ctx, s.rdb); err != nil && ctx.Err() == nil {
 			s.log.Warn("cannot record the queues' rates", "err", err)

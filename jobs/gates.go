@@ -123,7 +123,7 @@ type claim struct {
 // local policy), and the lease of concurrency slots.
 type gateOptions struct {
 	clock   throttle.Clock // nil: Redis's
-	workers func() int
+	workers func() int     // 0: not known yet, and the local policy denies
 	lease   time.Duration
 	// evaluations, if set, counts the script runs of the gates' pools (as
 	// the Scheduler counts those of its bookings).

@@ -1,6 +1,7 @@
 package jobs_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"testing"
@@ -64,6 +65,9 @@ func TestRedisUnreachable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Run counts the fleet: the local policy waits for its count.
+			ctx, stop := context.WithCancel(context.Background())
+			go sched.Run(ctx)
 			rec := &recorder{}
 			mux := asynq.NewServeMux()
 			mux.Use(sched.Middleware)
@@ -75,8 +79,9 @@ func TestRedisUnreachable(t *testing.T) {
 				t.Fatal(err)
 			}
 			enqueue(t, queue, 20)
-			time.Sleep(3 * time.Second)
+			time.Sleep(5 * time.Second)
 			srv.Shutdown()
+			stop()
 			sched.Close()
 
 			c.check(t, rec.All())
@@ -92,6 +97,51 @@ func TestRedisUnreachable(t *testing.T) {
 				t.Fatalf("%d ran, %d left, %d archived: want the 20 tasks run or still queued", len(rec.All()), left, info.Archived)
 			}
 		})
+	}
+}
+
+// TestLocalPolicyFleetStart (issue 19.13): three workers started together
+// whose Redis user may not touch a quota's keys (an ACL; the queues and
+// sluice's other keys work), a quota of 6/s, burst 1, on the local policy;
+// the workers hold tasks for their turns (hold_max 10s), so each twin's
+// rate shows. Each twin is the quota divided by the fleet, 2/s with a
+// burst of 1, from the first task on: at most 3 + 6 tasks run in any
+// second, and all 60 run within 40 s. On main each worker counted the
+// fleet before the others had registered, and again only 10 s later:
+// 18 or 19 ran in a second.
+func TestLocalPolicyFleetStart(t *testing.T) {
+	const perSecond, workers, tasks = 6, 3, 60
+	queue := redistest.Queue(t, "q")
+	quota := redistest.Queue(t, "api")
+	cfg := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 10, Waiting: 40, HoldMax: 10 * time.Second},
+		Queues: map[string]jobs.QueueConfig{queue: {}},
+		Quotas: map[string]jobs.LimitConfig{quota: {Limit: perSecond, Period: time.Second, Burst: 1, OnRedisError: jobs.OnRedisErrorLocal}},
+		Tasks:  map[string]jobs.TaskConfig{"test:record": {Quotas: []string{quota}}},
+	}
+	user, password := redistest.ACLUser(t, "asynq:*", "sluice:drain:*", "sluice:concurrency:*", "sluice:wake:*", "sluice:waker:*",
+		"sluice:rate:*", "sluice:rescue:*", "sluice:rescued:*", "sluice:rebook:*", "sluice:fair:*")
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Username: user, Password: password})
+	t.Cleanup(func() { rdb.Close() })
+	rec := &recorder{}
+	metrics := jobs.NewMetrics(prometheus.NewRegistry())
+	for range workers {
+		startWorker(t, rdb, cfg, metrics, rec)
+	}
+	enqueue(t, queue, tasks)
+	testkit.WaitFor(t, 40*time.Second, "every task to run", func() bool { return len(rec.All()) == tasks })
+	runs := rec.All()
+	var perSec []int
+	for _, r := range runs {
+		i := int(r.Sub(runs[0]) / time.Second)
+		for len(perSec) <= i {
+			perSec = append(perSec, 0)
+		}
+		perSec[i]++
+	}
+	t.Logf("%d tasks in %v, by second %v", len(runs), runs[len(runs)-1].Sub(runs[0]).Round(time.Millisecond), perSec)
+	if most := testkit.MaxInWindow(runs, time.Second); most > workers+perSecond {
+		t.Fatalf("%d tasks ran within one second through local twins of a %d/s quota on %d workers, want at most %d", most, perSecond, workers, workers+perSecond)
 	}
 }
 

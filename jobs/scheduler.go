@@ -72,7 +72,7 @@ type Scheduler struct {
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
-	workers atomic.Int64  // live workers in the fleet, last seen
+	fleet   *fleetSize    // live workers in the fleet, for the local policy
 	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
 	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
 	done    rateCounter   // completions not yet added to the fleet's rate buckets
@@ -86,15 +86,16 @@ type Scheduler struct {
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
 // asynqRedis is where the queues are (the same server, as asynq wants it).
 func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg Config, m *Metrics, log *slog.Logger, opts ...Option) (*Scheduler, error) {
-	host, _ := os.Hostname()
+	queues := asynqRedis.MakeRedisClient().(redis.UniversalClient)
 	s := &Scheduler{
 		rdb:       rdb,
 		client:    asynq.NewClient(asynqRedis),
 		inspector: asynq.NewInspector(asynqRedis),
-		queues:    asynqRedis.MakeRedisClient().(redis.UniversalClient),
+		queues:    queues,
 		metrics:   m,
 		log:       log,
-		worker:    host + ":" + strconv.Itoa(os.Getpid()),
+		worker:    asynqHost() + ":" + strconv.Itoa(os.Getpid()),
+		fleet:     newFleetSize(queues),
 		clock:     systemClock{},
 		slotLease: slotLease,
 		lookNow:   make(chan struct{}, 1),
@@ -102,7 +103,6 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	for _, opt := range opts {
 		opt(s)
 	}
-	s.workers.Store(1)
 	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
 	s.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
 	cfg = cfg.Defaults()
@@ -119,7 +119,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: func() int { return int(s.workers.Load()) }, lease: s.slotLease, evaluations: s.metrics.evaluations}
+	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations}
 	if s.injected {
 		o.clock = s.clock
 	}
@@ -218,10 +218,15 @@ func (s *Scheduler) Middleware(next asynq.Handler) asynq.Handler {
 
 // process takes a task along its path: its turn on the rate gates (book),
 // the wait for it (hold here, or requeue to Redis), an upstream's block,
-// the concurrency slots, then its handler.
+// the concurrency slots, then its handler. What the task took on the way
+// is given back by one defer, whatever the handler does: return, panic
+// (asynq recovers it above this middleware and fails the task with it) or
+// runtime.Goexit.
 func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	queue, _ := asynq.GetQueueName(ctx)
 	id, _ := asynq.GetTaskID(ctx)
+	tk := &taken{s: s, ctx: ctx, queue: queue}
+	defer tk.giveBack()
 	var gs *gateSet
 	var b booking
 	letOut := false
@@ -256,34 +261,34 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		case limitsChanged:
 			continue // its turns were booked at the old rate: book at the new one
 		}
-		if err := ctx.Err(); err != nil {
-			// Shutting down: asynq puts the task back; its turns go to others.
-			s.giveBack(ctx, b)
-			return err
-		}
 		break
+	}
+	// Its turns have come: from here on they are given back unless its
+	// handler starts.
+	tk.turns = b
+	if err := ctx.Err(); err != nil {
+		return err // shutting down: asynq puts the task back; its turns go to others
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
 	if until := s.blockedUntil(gs, queue, t.Type()); s.clock.Now().Before(until) {
-		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
 	}
 	slots, retryIn := s.takeSlots(ctx, gs, queue, t)
 	if slots == nil {
-		s.giveBack(ctx, b)
 		return s.waitInRedis(ctx, t, queue, id, retryIn)
 	}
+	tk.slots = slots
 	select {
 	case s.running <- struct{}{}:
+		tk.running = true
 	case <-ctx.Done():
-		slots.release()
-		s.giveBack(ctx, b)
 		return ctx.Err()
 	}
+	tk.start(gs.typeLabel(t.Type()))
 	err := next.ProcessTask(slots.ctx, t)
-	<-s.running
-	if slots.release() && err != nil {
+	tk.returned = true
+	if tk.giveBack() && err != nil {
 		// Stopped for losing a concurrency slot: not a failure of the
 		// task, which waits in Redis and runs again once it has its slots.
 		return s.waitInRedis(ctx, t, queue, id, 0)
@@ -292,13 +297,62 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	if err != nil {
 		result = "error"
 	}
-	s.metrics.completed.WithLabelValues(queue, gs.typeLabel(t.Type()), result).Inc()
-	s.done.add(queue)
+	tk.complete(result)
 	var busy *UpstreamBusyError
 	if errors.As(err, &busy) {
 		return s.upstreamBusy(ctx, gs, queue, id, t, busy)
 	}
 	return err
+}
+
+// taken is what a task has taken on its way to its handler: turns on its
+// rate gates, concurrency slots, a run token. giveBack, deferred by
+// process, gives back whatever is still held however process ends.
+type taken struct {
+	s     *Scheduler
+	ctx   context.Context
+	queue string
+
+	turns   booking   // turns not used: given back unless the handler started
+	slots   *slotHold // concurrency slots held, or nil
+	running bool      // it holds a run token (s.running)
+
+	typeLabel string // the task's type in the metrics, once its handler started
+	started   bool   // its handler was called: its turns are used
+	returned  bool   // its handler returned (else it panicked or called runtime.Goexit)
+}
+
+// start notes that the task's handler is about to run: its turns are used.
+func (tk *taken) start(typeLabel string) {
+	tk.started, tk.typeLabel, tk.turns = true, typeLabel, booking{}
+}
+
+// complete counts the handler's end with result.
+func (tk *taken) complete(result string) {
+	tk.s.metrics.completed.WithLabelValues(tk.queue, tk.typeLabel, result).Inc()
+	tk.s.done.add(tk.queue)
+}
+
+// giveBack gives back what the task still holds, once: its slots, its run
+// token and its turns. It reports whether the task was stopped for losing
+// a slot. A handler that never returned counts as an error.
+func (tk *taken) giveBack() (lost bool) {
+	if tk.slots != nil {
+		lost = tk.slots.release()
+		tk.slots = nil
+	}
+	if tk.running {
+		<-tk.s.running
+		tk.running = false
+	}
+	if len(tk.turns.claims) > 0 {
+		tk.s.giveBack(tk.ctx, tk.turns)
+		tk.turns = booking{}
+	}
+	if tk.started && !tk.returned {
+		tk.complete("error")
+	}
+	return lost
 }
 
 // logRedisError logs that the limits' Redis failed, at most once every

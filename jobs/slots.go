@@ -73,7 +73,7 @@ func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t 
 		return &slotHold{ctx: ctx}, 0 // nothing to take, renew or release
 	}
 	id, _ := asynq.GetTaskID(ctx)
-	h := &slotHold{s: s, holder: s.worker + ":" + id, stop: make(chan struct{})}
+	h := &slotHold{s: s, holder: slotHolder(s.worker, queue, id), stop: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancelCause(ctx)
 	deadline := s.clock.Now().Add(gs.cfg.Worker.HoldMax)
 	vars := varsOf(queue, id, t)
@@ -103,6 +103,14 @@ func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t 
 		}
 	}
 	return h, 0
+}
+
+// slotHolder names a task in the semaphores: its worker, its queue and its
+// ID, since asynq IDs are unique per queue only. The queue is escaped in
+// braces (throttle.Key), which it cannot contain once escaped, so no queue
+// and ID can pass for another pair ("a:b" + "c" and "a" + "b:c" differ).
+func slotHolder(worker, queue, id string) string {
+	return worker + ":" + throttle.Key("", queue) + ":" + id
 }
 
 // slotUnavailable gives back the slot a failed Acquire may have taken,

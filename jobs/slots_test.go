@@ -269,3 +269,23 @@ func TestConcurrencyRedisRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestSameIDInTwoQueues (issue 19.3): asynq task IDs are unique per queue
+// only, so the same ID in two queues is two tasks: with their type limited
+// to 1 at once, they never run at the same time (on main both held the
+// one holder, and 2 ran at once).
+func TestSameIDInTwoQueues(t *testing.T) {
+	a, b := redistest.Queue(t, "a"), redistest.Queue(t, "b")
+	cfg := jobs.Config{
+		Queues: map[string]jobs.QueueConfig{a: {}, b: {}},
+		Tasks:  map[string]jobs.TaskConfig{"test:record": {Concurrency: 1}},
+	}
+	h := &stoppable{run: 500 * time.Millisecond}
+	fleet(t, cfg, 1, h)
+	enqueue(t, a, 1, asynq.TaskID("order-42"))
+	enqueue(t, b, 1, asynq.TaskID("order-42"))
+	testkit.WaitFor(t, 10*time.Second, "both tasks", func() bool { return h.done.Load() == 2 })
+	if most := h.most.Load(); most != 1 {
+		t.Fatalf("%d tasks ran at once against their type's concurrency limit of 1", most)
+	}
+}

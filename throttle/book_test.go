@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -291,6 +292,36 @@ func TestBookPolicies(t *testing.T) {
 	}
 	if fmt.Sprint(ats) != "[0s 40ms 80ms]" {
 		t.Fatalf("turns on the local twin of 25/s: %v, want [0s 40ms 80ms]", ats)
+	}
+}
+
+// TestLocalSharesUnknown (issue 19.13): a local policy whose shares are
+// not known yet (shares returns 0) denies, as deny does; once they are
+// known, the twin admits its share (Divide: 25/s among 2 is 12/s).
+func TestLocalSharesUnknown(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	clock := testkit.NewClock(t0)
+	var shares atomic.Int64
+	local, err := throttle.New(dead, drainSpec, throttle.WithClock(clock), throttle.WithOnRedisError(throttle.OnRedisErrorLocal, func() int { return int(shares.Load()) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := []throttle.Claim{{Limiter: local, Key: "q", N: 1}}
+	if _, err := throttle.Book(context.Background(), claims, time.Time{}, time.Second); !errors.Is(err, throttle.ErrRedisDenied) {
+		t.Fatalf("Book on a local twin whose shares are not known: %v, want ErrRedisDenied", err)
+	}
+	shares.Store(2)
+	var ats []time.Duration
+	for range 2 {
+		b := book(t, claims, time.Time{}, time.Second)
+		if !b.OK || b.Turns[0].Fallback != throttle.OnRedisErrorLocal {
+			t.Fatalf("Book on a local twin of 2 shares = %+v; want OK on the twin", b)
+		}
+		ats = append(ats, b.At.Sub(t0))
+	}
+	if want := 83334 * time.Microsecond; ats[1] != want { // 1s / 12, rounded up to whole µs
+		t.Fatalf("turns on the local twin of 25/s among 2: %v, want the second at %v (12/s)", ats, want)
 	}
 }
 

@@ -25,7 +25,10 @@ const (
 // Redis fails: OnRedisErrorDeny (the default), OnRedisErrorAllow or
 // OnRedisErrorLocal. shares, for the local policy, says how many processes
 // share the limit at the moment (nil: one); the twin's limit is the
-// limit divided by it (Divide). NewLocal ignores the option.
+// limit divided by it (Divide). A shares that returns 0 or less does not
+// know yet: the call is denied, as by OnRedisErrorDeny, until it does (a
+// process that guessed would admit its guess's share beside processes it
+// has not counted). NewLocal ignores the option.
 func WithOnRedisError(policy string, shares func() int) Option {
 	return func(o *options) error {
 		switch policy {
@@ -78,11 +81,14 @@ type localTwin struct {
 	parts   int
 }
 
-// limiter returns the twin for the current number of shares.
+// limiter returns the twin for the current number of shares, or nil while
+// that number is not known.
 func (t *localTwin) limiter() limiter {
 	parts := 1
 	if t.shares != nil {
-		parts = max(1, t.shares())
+		if parts = t.shares(); parts < 1 {
+			return nil
+		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -82,7 +82,11 @@ func (l *redisLimiter) policy() (string, limiter) {
 	if l.twin == nil {
 		return l.onErr, nil
 	}
-	return l.onErr, l.twin.limiter()
+	twin := l.twin.limiter()
+	if twin == nil {
+		return OnRedisErrorDeny, nil // the shares are not known yet
+	}
+	return l.onErr, twin
 }
 
 // redisSite is one cluster slot of one Redis (slot -1: a single server,

@@ -214,7 +214,9 @@ func (b *base) Cancel(ctx context.Context, key string, r Reservation) error {
 	case OnRedisErrorAllow:
 		return nil // counted nowhere
 	case OnRedisErrorLocal:
-		_, lim = b.self.policy()
+		if _, lim = b.self.policy(); lim == nil {
+			return nil // no twin here while the shares are not known: it counted nothing in this process
+		}
 	}
 	g := &group{site: lim.site(key), parts: []*part{{lim: lim, key: key, n: int64(r.N)}}}
 	s := &step{op: algorithms.OpCancel, giveBack: []string{pieces}}
