@@ -292,6 +292,7 @@ tasks:
 // change gave the fair share a new state: the tasks in the old lines came
 // back only on asynq's fallback, 15 s with no run, then about 10/s.)
 func TestFairLiveChange(t *testing.T) {
+	t.Parallel()
 	const tasks = 300
 	queue := redistest.Queue(t, "fair")
 	r := &fleetRun{backend: backends[0], u: newUpstream(t)}

@@ -425,6 +425,7 @@ func TestIntakeClients(t *testing.T) {
 // read as client (jobs.HeaderClient); a request cannot name another
 // client: a Sluice-Client request header changes nothing.
 func TestIntakeNamesClient(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := startIntake(t, trustLoopback+fmt.Sprintf(`  clients:
     - {name: alice, key_sha256: %s}
@@ -568,6 +569,7 @@ func TestIntakeConnectionsAndMetrics(t *testing.T) {
 // configured again is let in. On main, the reload to no clients logged
 // "config change in force clients=0" and let every request in (202).
 func TestIntakeRevokedKeys(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	client := func(name string) string {
 		return fmt.Sprintf("{name: %s, key_sha256: %s}", name, keyHash(name+"-secret"))

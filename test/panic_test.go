@@ -23,6 +23,7 @@ import (
 // the panic in their last error: the two with MaxRetry 0 are archived, the
 // one with MaxRetry 1 waits for its retry.
 func TestHandlerPanics(t *testing.T) {
+	t.Parallel()
 	const tasks, perSecond = 50, 10
 	u := newUpstream(t)
 	queue := redistest.Queue(t, "forecasts")
