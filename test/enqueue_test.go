@@ -531,7 +531,6 @@ func TestEnqueueStatusWatch(t *testing.T) {
 // uncertain ones are either. Resuming with the --skip it suggests then
 // completes the load without duplicates.
 func TestEnqueueFileRedisFailure(t *testing.T) {
-	t.Parallel()
 	const lines = 100_000
 	srv := redistest.StartServer(t) // append only, fsync always: what it acknowledged survives a kill -9
 	addr := srv.Addr
@@ -668,7 +667,6 @@ func taskIDs(t *testing.T, addr, queue string) map[string]bool {
 // peaked far below the file's size. Then the same lines, a fifth of them,
 // are loaded: loading holds a bounded batch, not the file.
 func TestEnqueueFileMemory(t *testing.T) {
-	t.Parallel()
 	addr := redistest.Addr(t)
 	queue := redistest.Queue(t, "memory")
 	body := strings.Repeat("x", 1000)
