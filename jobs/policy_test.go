@@ -20,6 +20,7 @@ import (
 // Redis that holds the limits cannot be reached (a closed port). Each gate
 // does what its on_redis_error says, and counts it.
 func TestRedisUnreachable(t *testing.T) {
+	t.Parallel() // it waits on fleets and turns, beside the package's other tests
 	cases := []struct {
 		desc   string
 		policy string
@@ -110,6 +111,7 @@ func TestRedisUnreachable(t *testing.T) {
 // fleet before the others had registered, and again only 10 s later:
 // 18 or 19 ran in a second.
 func TestLocalPolicyFleetStart(t *testing.T) {
+	t.Parallel() // it waits on fleets and turns, beside the package's other tests
 	const perSecond, workers, tasks = 6, 3, 60
 	queue := redistest.Queue(t, "q")
 	quota := redistest.Queue(t, "api")
