@@ -219,13 +219,7 @@ func TestFairDrainRaised(t *testing.T) {
 		rec.Note("a")
 		return nil
 	})
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
+	client := serve(t, s, mux)
 	for i := range 400 {
 		opts := []asynq.Option{asynq.Queue(queue)}
 		if i%2 == 0 {
@@ -281,13 +275,7 @@ func TestFairCopyIDTakenByAnother(t *testing.T) {
 		rec.Note(p.Name)
 		return nil
 	})
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
+	client := serve(t, s, mux)
 	task := func(name string) *asynq.Task {
 		return asynq.NewTask("test:record", fmt.Appendf(nil, `{"t":"a","name":%q}`, name))
 	}

@@ -33,6 +33,21 @@ func newScheduler(t *testing.T, rdb redis.UniversalClient, cfg Config, opts ...O
 	return s
 }
 
+// serve runs an asynq server of s's config on the test's Redis with mux
+// (its middleware included) and returns a client of that Redis; both stop
+// when the test ends.
+func serve(t *testing.T, s *Scheduler, mux *asynq.ServeMux) *asynq.Client {
+	t.Helper()
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
+	if err := srv.Start(mux); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
 // newTestScheduler is newScheduler on the test's Redis.
 func newTestScheduler(t *testing.T, cfg Config) *Scheduler {
 	t.Helper()

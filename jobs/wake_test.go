@@ -135,13 +135,7 @@ func TestHeldTaskBooksAgainOnReload(t *testing.T) {
 		ran <- time.Now()
 		return nil
 	})
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
+	client := serve(t, s, mux)
 	for range 6 {
 		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.MaxRetry(0)); err != nil {
 			t.Fatal(err)
@@ -402,13 +396,7 @@ func TestBookingNotesWaitingTask(t *testing.T) {
 		}
 		return nil
 	})
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, s.AsynqConfig())
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
+	client := serve(t, s, mux)
 	// At 10/s, the tasks after the first few have turns further than a
 	// worker holds for (alwaysHold): they wait in Redis.
 	const n = 12
