@@ -17,7 +17,8 @@ import (
 // pending just after 12:00:00.000, 900ms early, and a worker would have to
 // hold it (taking a slot) or send it round again. Instead one worker of the
 // fleet at a time, the queue's waker, takes the tasks due from the wake set
-// and moves them to pending (asynq's Inspector.RunTask) on time; the others
+// and moves them to the head of pending (ready: lua/ready.lua; asynq's
+// Inspector.RunTask would put them behind the backlog) on time; the others
 // only ask now and then whether its lease has lapsed. If no worker does,
 // asynq's own forwarder still brings them, a little late, and they book
 // again.
