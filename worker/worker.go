@@ -8,7 +8,8 @@
 //
 //	w, err := worker.New("config.yaml")
 //	if err != nil {
-//		log.Fatal(err) // every config problem, one a line, by key
+//		fmt.Fprintln(os.Stderr, err) // every config problem, one a line, by key
+//		os.Exit(2)
 //	}
 //	w.HandleFunc("email:send", sendEmail)
 //	err = w.Run(ctx) // until ctx ends; then running tasks finish

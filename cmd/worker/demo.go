@@ -28,6 +28,9 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 		queues = append(queues, q)
 	}
 	sort.Strings(queues)
+	// The clock starts with the first task enqueued: the worker drains
+	// while the rest are enqueued.
+	start := time.Now()
 	for _, q := range queues {
 		for i := 0; i < n; i++ {
 			task, _ := jobs.NewNoopTask()
@@ -37,13 +40,12 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 			}
 		}
 	}
-	fmt.Fprintf(out, "demo: enqueued %d demo:noop tasks into each of %s\n", n, strings.Join(queues, ", "))
+	fmt.Fprintf(out, "demo: enqueued %d demo:noop tasks into each of %s in %.1fs\n", n, strings.Join(queues, ", "), time.Since(start).Seconds())
 
 	// The rate shown is over the last few seconds while a queue has work,
 	// and over its whole run once it is done.
-	const window = 3
-	start := time.Now()
-	history := map[string][]int{} // queue -> done, second by second
+	const window = 3 * time.Second
+	history := map[string][]progress{} // queue -> done, second by second, from {start, 0}
 	finished := map[string]time.Duration{}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -59,15 +61,14 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 			if err != nil {
 				continue
 			}
-			done := n - info.Pending - info.Scheduled - info.Active - info.Retry
-			history[q] = append(history[q], done)
-			h := history[q]
-			rate := float64(done-h[max(0, len(h)-1-window)]) / float64(min(window, len(h)))
-			if len(h) <= window {
-				rate = float64(done) / float64(len(h))
+			now := progress{at: time.Since(start), done: n - info.Pending - info.Scheduled - info.Active - info.Retry}
+			if history[q] == nil {
+				history[q] = []progress{{}}
 			}
-			if _, ok := finished[q]; !ok && done >= n {
-				finished[q] = time.Since(start)
+			history[q] = append(history[q], now)
+			rate := rateOver(history[q], window)
+			if _, ok := finished[q]; !ok && now.done >= n {
+				finished[q] = now.at
 			}
 			if took, ok := finished[q]; ok {
 				rate = float64(n) / took.Seconds()
@@ -76,7 +77,7 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 			if d := cfg.Queues[q].Drain; d != nil {
 				drain = fmt.Sprintf("drain %d per %v", d.Limit, d.Period)
 			}
-			fmt.Fprintf(&line, "  %s %d/%d %.1f/s (%s)", q, done, n, rate, drain)
+			fmt.Fprintf(&line, "  %s %d/%d %.1f/s (%s)", q, now.done, n, rate, drain)
 		}
 		fmt.Fprintf(out, "demo %3.0fs:%s\n", time.Since(start).Seconds(), line.String())
 		if len(finished) == len(queues) {
@@ -84,4 +85,29 @@ func runDemo(ctx context.Context, redisOpt asynq.RedisConnOpt, cfg jobs.Config, 
 			return
 		}
 	}
+}
+
+// progress is how many of a queue's demo tasks were done at a time since
+// the demo started.
+type progress struct {
+	at   time.Duration
+	done int
+}
+
+// rateOver is the rate of the last window of history (at least two
+// samples, in order): from the latest sample at least window before the
+// last one, or from the first.
+func rateOver(history []progress, window time.Duration) float64 {
+	last := history[len(history)-1]
+	from := history[0]
+	for _, p := range history {
+		if last.at-p.at < window {
+			break
+		}
+		from = p
+	}
+	if last.at <= from.at {
+		return 0
+	}
+	return float64(last.done-from.done) / (last.at - from.at).Seconds()
 }

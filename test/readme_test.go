@@ -1,0 +1,119 @@
+package test
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
+)
+
+// readmeSnippet returns the first Go code block of the README's section
+// headed heading.
+func readmeSnippet(t *testing.T, heading string) string {
+	t.Helper()
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("README has no section %q", heading)
+	}
+	_, code, ok := strings.Cut(section, "```go\n")
+	if !ok {
+		t.Fatalf("README section %q has no Go code block", heading)
+	}
+	code, _, _ = strings.Cut(code, "```")
+	return code
+}
+
+// TestReadmeWorkerSnippet: the worker of the README's "Use sluice in your
+// own worker" builds as it is (with a sendEmail of the test's) and, given
+// a bad config, exits 2 with the key at fault, as the README promises of
+// a worker; log.Fatal exited 1.
+func TestReadmeWorkerSnippet(t *testing.T) {
+	t.Parallel()
+	code := readmeSnippet(t, "## Use sluice in your own worker")
+	// A directory starting with _ is outside ./... patterns: go vet and the
+	// package list never see it.
+	dir, err := os.MkdirTemp(".", "_readme-worker-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	stub := "package main\n\nimport \"context\"\n\nfunc sendEmail(context.Context, []byte) error { return nil }\n"
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(code), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "send.go"), []byte(stub), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	binary := filepath.Join(t.TempDir(), "readme-worker")
+	if out, err := exec.Command("go", "build", "-o", binary, "./"+filepath.Base(dir)).CombinedOutput(); err != nil {
+		t.Fatalf("the README's worker does not build: %v\n%s\n%s", err, out, code)
+	}
+
+	run := t.TempDir()
+	bad := "redis: {addr: " + redisAddr(t) + "}\nqueues:\n  emails: {drain: {limit: -5, period: 1s}}\n"
+	if err := os.WriteFile(filepath.Join(run, "config.yaml"), []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary)
+	cmd.Dir = run
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Errorf("the README's worker on a bad config: %v, want exit code 2\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "queues.emails.drain.limit") {
+		t.Errorf("the README's worker on a bad config said %q, want the key queues.emails.drain.limit named", out)
+	}
+}
+
+// TestDemoFirstLine: `worker --demo` measures from its first task
+// enqueued, so that its first line does not show the tasks drained while
+// it enqueued the others as done in its first second: with 3 queues of
+// 600 tasks each at 20/s, every rate it prints is at most 20/s + 25%
+// (it printed 35/s and more when its clock started after enqueueing).
+func TestDemoFirstLine(t *testing.T) {
+	t.Parallel()
+	queues := []string{redistest.Queue(t, "demo-a"), redistest.Queue(t, "demo-b"), redistest.Queue(t, "demo-c")}
+	config := "redis: {addr: " + redisAddr(t) + "}\nworker: {concurrency: 10}\nqueues:\n"
+	for _, q := range queues {
+		config += "  " + q + ": {drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1}}\n"
+	}
+	w := startWorkerBinary(t, "worker", []string{"--config", writeConfig(t, config), "--demo", "600"})
+	rateRe := regexp.MustCompile(` (\d+)/600 ([0-9.]+)/s \(drain`)
+	var lines []string
+	testkit.WaitFor(t, 30*time.Second, "3 lines of the demo's progress", func() bool {
+		lines = lines[:0]
+		f, err := os.Open(w.log)
+		if err != nil {
+			return false
+		}
+		defer f.Close()
+		for sc := bufio.NewScanner(f); sc.Scan(); {
+			if strings.HasPrefix(sc.Text(), "demo ") {
+				lines = append(lines, sc.Text())
+			}
+		}
+		return len(lines) >= 3
+	})
+	for _, line := range lines {
+		for _, m := range rateRe.FindAllStringSubmatch(line, -1) {
+			if r, _ := strconv.ParseFloat(m[2], 64); r > 25 {
+				t.Errorf("the demo printed %.1f/s for a drain of 20/s: %q", r, line)
+			}
+		}
+	}
+	t.Logf("the demo's first lines:\n%s", strings.Join(lines, "\n"))
+}
