@@ -58,6 +58,9 @@ type Worker struct {
 	file config.File
 	opts options
 	mux  *asynq.ServeMux
+	// patterns are the task types (or prefixes) handled, for
+	// jobs.CheckHandled.
+	patterns []string
 
 	mu      sync.Mutex
 	started bool
@@ -127,12 +130,13 @@ func (w *Worker) Config() config.File { return w.file }
 // every handler before Run.
 func (w *Worker) Handle(pattern string, handler asynq.Handler) {
 	w.mux.Handle(pattern, handler)
+	w.patterns = append(w.patterns, pattern)
 }
 
 // HandleFunc registers handler for the tasks whose type pattern names; it
 // is shorthand for Handle(pattern, asynq.HandlerFunc(handler)).
 func (w *Worker) HandleFunc(pattern string, handler func(context.Context, *asynq.Task) error) {
-	w.mux.HandleFunc(pattern, handler)
+	w.Handle(pattern, asynq.HandlerFunc(handler))
 }
 
 // Run connects to Redis, serves the configured queues through the gates
@@ -151,6 +155,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: Run was called before; a Worker runs once")
 	}
 	log := w.opts.log
+	if err := w.checkHandled(w.file.Jobs); err != nil {
+		return err
+	}
 	rdb := w.file.Redis.Client()
 	defer rdb.Close()
 	// asynq's own client, with keepEnds: asynq closes no client it is given.
@@ -191,6 +198,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	wg.Go(func() { sched.Run(background) })
 	config.Watch(background, w.path, w.file, func(f config.File) {
+		if err := w.checkHandled(f.Jobs); err != nil {
+			log.Error("config change refused; the last good config stays in force", "err", err)
+			return
+		}
 		if err := sched.Apply(f.Jobs); err != nil {
 			log.Error("config change refused; the last good config stays in force", "err", err)
 			return
@@ -212,6 +223,27 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	log.Info("stopping: waiting for running tasks", "timeout", w.opts.shutdownTimeout)
 	srv.Shutdown()
+	return nil
+}
+
+// checkHandled logs what jobs.CheckHandled finds in cfg for the worker's
+// handlers, and refuses a config with a typo in a task type (a
+// *config.Problems): a handled type would run without the limits meant
+// for it, and only a look at the log would tell. The rest is logged, not
+// refused: a fleet may split its task types over programs that share one
+// config.
+func (w *Worker) checkHandled(cfg jobs.Config) error {
+	var typos []error
+	for _, p := range jobs.CheckHandled(cfg, w.patterns) {
+		if p.Typo {
+			typos = append(typos, p)
+			continue
+		}
+		w.opts.log.Warn("a task type of the config is not handled here", "key", p.Key, "problem", p.Problem)
+	}
+	if len(typos) > 0 {
+		return &config.Problems{Path: w.path, Errs: typos}
+	}
 	return nil
 }
 
