@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,4 +186,63 @@ func TestKeyCostBounded(t *testing.T) {
 			t.Errorf("%s = %q, %v; want v", tc.source, got, err)
 		}
 	}
+}
+
+// TestKeyErrorWait: on a quota keyed by payload.token with on_key_error:
+// wait, a task whose payload has no token (a typo, tokn) does not run on
+// the default key: it waits in asynq's retry set, its retries untouched,
+// its last error sluice's wait; the failure is counted and logged at
+// ERROR naming the gate, the expression and the problem. A task with a
+// token runs. Without the setting the same task runs on the default key.
+func TestKeyErrorWait(t *testing.T) {
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{quota: {Limit: 5, Period: time.Second, Key: `payload.token`, OnKeyError: OnKeyErrorWait}},
+		Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}
+	var log testkit.SyncBuffer
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := NewScheduler(redistest.Client(t), asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg, m, slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var ran sync.Map
+	mux := asynq.NewServeMux()
+	mux.Use(s.Middleware)
+	mux.HandleFunc("test:call", func(_ context.Context, t *asynq.Task) error {
+		ran.Store(string(t.Payload()), true)
+		return nil
+	})
+	client := serve(t, s, mux)
+	for _, payload := range []string{`{"tokn": "secret-a"}`, `{"token": "secret-b"}`} {
+		if _, err := client.Enqueue(asynq.NewTask("test:call", []byte(payload)), asynq.Queue(queue), asynq.TaskID(payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	bad := `{"tokn": "secret-a"}`
+	testkit.WaitFor(t, 10*time.Second, "the task without a token to wait in the retry set", func() bool {
+		info, err := inspector.GetTaskInfo(queue, bad)
+		return err == nil && info.State == asynq.TaskStateRetry
+	})
+	testkit.WaitFor(t, 10*time.Second, "the task with a token to run", func() bool { _, ok := ran.Load(`{"token": "secret-b"}`); return ok })
+	info, err := inspector.GetTaskInfo(queue, bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ran.Load(bad); ok || info.Retried != 0 || !strings.Contains(info.LastErr, "(not a failure)") {
+		t.Errorf("the task without a token: ran %v, retried %d, last error %q; want not run, 0, sluice's wait", ok, info.Retried, info.LastErr)
+	}
+	if got := testutil.ToFloat64(m.keyWaits.WithLabelValues("quota:" + quota)); got != 1 {
+		t.Errorf("sluice_key_waits_total = %v, want 1", got)
+	}
+	for _, want := range []string{"level=ERROR", "on_key_error: wait", "gate=quota:" + quota, "key=payload.token", "no such key: token"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, log.String())
+		}
+	}
+	t.Logf("log: %s", log.String())
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -124,24 +123,6 @@ tasks:
 	}
 }
 
-// syncBuffer is a log's output, read while the worker writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunRefusesTaskTypeTypo: a typo under tasks: (crm:synk for the
 // handled crm:sync) would let crm:sync run with no quota: Run refuses to
 // start with a *config.Problems naming both, and a reload that makes the
@@ -164,7 +145,7 @@ tasks:
 `, redistest.Addr(t), freeAddr(t), queue, taskType)
 	}
 	path := writeConfig(t, configWith("crm:synk"))
-	var log syncBuffer
+	var log testkit.SyncBuffer
 	w, err := New(path, WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 	if err != nil {
 		t.Fatal(err)
