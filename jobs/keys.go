@@ -237,3 +237,60 @@ func celHost(arg ref.Val) ref.Val {
 	}
 	return types.String(strings.ToLower(u.Hostname()))
 }
+
+// KeyError is CheckKeys' answer for a task whose key cannot be computed
+// for one of its limits.
+type KeyError struct {
+	Key     string // where config.yaml has the expression: quotas.<name>.key, ...
+	Expr    string // the expression
+	Problem string // what went wrong: a missing field, a wrong type, ...
+	Wait    bool   // the limit's on_key_error is wait
+}
+
+func (e *KeyError) Error() string {
+	then := "a worker would run it on the limit's default key, shared by every task whose key fails (on_key_error: default)"
+	if e.Wait {
+		then = "a worker would hold it until its key can be computed (on_key_error: wait)"
+	}
+	return fmt.Sprintf("the key of %s (%s) cannot be computed for this task: %s; %s", e.Key, e.Expr, e.Problem, then)
+}
+
+// CheckKeys evaluates every key expression a task of typ enqueued in
+// queue with payload would meet (its queue's keyed drain and fairness,
+// its type's keyed quotas, its concurrency_key), as a worker would, and
+// returns a *KeyError for the first that fails. client is the intake's
+// client (HeaderClient), "" if none. Producers call it to refuse such a
+// task before it is enqueued.
+func CheckKeys(cfg Config, queue, typ string, payload []byte, client string) error {
+	type keyed struct{ key, expr, onKeyError string }
+	var exprs []keyed
+	if q, ok := cfg.Queues[queue]; ok {
+		if q.Drain != nil && q.Drain.Key != "" {
+			exprs = append(exprs, keyed{"queues." + queue + ".drain.key", q.Drain.Key, q.Drain.OnKeyError})
+		}
+		if q.Fairness != nil {
+			exprs = append(exprs, keyed{"queues." + queue + ".fairness.key", q.Fairness.Key, ""})
+		}
+	}
+	t := cfg.Tasks[typ]
+	for _, name := range t.Quotas {
+		if l := cfg.Quotas[name]; l.Key != "" {
+			exprs = append(exprs, keyed{"quotas." + name + ".key", l.Key, l.OnKeyError})
+		}
+	}
+	if t.ConcurrencyKey != "" {
+		exprs = append(exprs, keyed{"tasks." + typ + ".concurrency_key", t.ConcurrencyKey, ""})
+	}
+	vars := newTaskVars(queue, "", typ, payload)
+	vars.client = client
+	for _, k := range exprs {
+		expr, err := compileKey(k.expr)
+		if err == nil {
+			_, err = expr.eval(vars)
+		}
+		if err != nil {
+			return &KeyError{Key: k.key, Expr: k.expr, Problem: err.Error(), Wait: k.onKeyError == OnKeyErrorWait}
+		}
+	}
+	return nil
+}
