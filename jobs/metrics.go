@@ -73,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"quota"}),
 		completed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_tasks_processed_total",
-			Help: "Tasks whose handler ran, by result (ok or error).",
+			Help: "Tasks whose handler ran, by result: ok, error, or upstream_busy (it returned a *jobs.UpstreamBusyError, an API's 429/503: the task waits for the upstream and runs again; not a failure).",
 		}, []string{"queue", "type", "result"}),
 		slotsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_slots_lost_total",
