@@ -410,9 +410,10 @@ func changedTags(old, gs *gateSet) []string {
 	return stale
 }
 
-// Levels returns, for every gate of cfg ("drain:<queue>", "quota:<name>"),
-// how many events it could admit now: a bucket's level, a window's room.
-// It counts nothing.
+// Levels returns, for every gate of cfg ("drain:<queue>", "quota:<name>")
+// that is not keyed, how many events it could admit now: a bucket's level,
+// a window's room. (A keyed gate's is per key value: KeyLoads.) It counts
+// nothing.
 func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[string]int, error) {
 	gs, err := newGateSet(rdb, cfg.Defaults(), gateOptions{lease: slotLease})
 	if err != nil {
@@ -421,6 +422,9 @@ func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[str
 	levels := map[string]int{}
 	for _, gates := range []map[string]*gate{gs.drains, gs.quotas} {
 		for _, g := range gates {
+			if g.expr != nil {
+				continue
+			}
 			level, err := g.lim.Peek(ctx, g.key)
 			if err != nil {
 				return nil, err

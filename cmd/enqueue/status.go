@@ -30,8 +30,12 @@ func newStatusCommand(a *app) *cobra.Command {
 		Short: "Show the queues, their gates and the live workers",
 		Long: `Show every queue (those in the config and any other asynq knows) with its
 task counts, its drain and the rate its tasks completed at over the last
-minute; every quota with how many events it could admit now; and the live
-workers. --watch refreshes every second until Ctrl-C; --json prints one JSON
+minute; every quota with how many events it could admit now (a keyed one's
+is per key: --keys); and the live workers, with the tasks each runs at once
+(worker.concurrency) and may hold waiting (worker.waiting). WAITING counts
+the tasks waiting in Redis for their turn: asynq, and asynqmon, hold them as
+retries (or as scheduled copies), and RETRY and SCHEDULED here do not count
+them (up to ` + fmt.Sprint(maxClassified) + ` of each set are read; "+" if there were more). --watch refreshes every second until Ctrl-C; --json prints one JSON
 document (with --watch, one per line).
 
 --keys <gate> shows instead the busiest key values of a keyed gate, named as
@@ -81,9 +85,17 @@ type queueStatus struct {
 	Name        string      `json:"name"`
 	Configured  bool        `json:"configured"` // in config.yaml, so workers serve it
 	Paused      bool        `json:"paused"`
-	Pending     int         `json:"pending"`
-	Scheduled   int         `json:"scheduled"`
-	Retry       int         `json:"retry"`
+	Pending int `json:"pending"`
+	// Waiting are the tasks waiting in Redis for their turn, sent back by
+	// a worker: asynq holds them as retries (or, those with no retry
+	// left, as scheduled copies), counted apart here (jobs.WaitingTask).
+	Waiting int `json:"waiting"`
+	// WaitingAtLeast: the retry or scheduled set held more than
+	// maxClassified tasks, and only that many were looked at: Waiting is a
+	// lower bound.
+	WaitingAtLeast bool        `json:"waiting_at_least,omitempty"`
+	Scheduled      int         `json:"scheduled"` // by their producer
+	Retry          int         `json:"retry"`     // after a failure
 	Active      int         `json:"active"`
 	Archived    int         `json:"archived"`
 	Aggregating int         `json:"aggregating"`
@@ -101,15 +113,22 @@ type gateStatus struct {
 	Limit     int    `json:"limit"`
 	Period    string `json:"period"`
 	Burst     int    `json:"burst,omitempty"` // the buckets' size
-	Level     int    `json:"level"`           // how many events it could admit now
-	Capacity  int    `json:"capacity"`        // the most it can admit at once
+	// Level is how many events it could admit now; null for a keyed
+	// limit, whose level is per key value (status --keys).
+	Level    *int   `json:"level"`
+	Capacity int    `json:"capacity"`      // the most it can admit at once
+	Key      string `json:"key,omitempty"` // a keyed limit's key expression
 }
 
 type workerStatus struct {
 	Host        string         `json:"host"`
 	PID         int            `json:"pid"`
-	Concurrency int            `json:"concurrency"`
-	Active      int            `json:"active"` // tasks running now
+	// Concurrency is how many tasks it runs at once (worker.concurrency);
+	// WaitingSlots how many more it may hold waiting for their turn
+	// (worker.waiting). asynq counts both as its concurrency.
+	Concurrency  int            `json:"concurrency"`
+	WaitingSlots int            `json:"waiting_slots"`
+	Active       int            `json:"active"` // tasks running or waiting in the worker now
 	Queues      map[string]int `json:"queues"` // name -> priority
 	Started     time.Time      `json:"started"`
 	Status      string         `json:"status"`
@@ -274,11 +293,14 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 			}
 			q.Paused, q.Pending, q.Scheduled, q.Retry = info.Paused, info.Pending, info.Scheduled, info.Retry
 			q.Active, q.Archived, q.Aggregating, q.Completed = info.Active, info.Archived, info.Aggregating, info.Completed
+			if err := countWaiting(inspector, &q); err != nil {
+				return s, fmt.Errorf("queue %q: %w", name, err)
+			}
 		}
 		if qc, ok := cfg.Queues[name]; ok {
 			q.Configured = true
 			if qc.Drain != nil {
-				g := newGateStatus("", *qc.Drain, levels["drain:"+name])
+				g := newGateStatus("", *qc.Drain, levels, "drain:"+name)
 				q.Drain = &g
 			}
 		}
@@ -290,17 +312,21 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		s.Queues = append(s.Queues, q)
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Quotas)) {
-		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels["quota:"+name]))
+		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels, "quota:"+name))
 	}
 	servers, err := inspector.Servers()
 	if err != nil {
 		return s, fmt.Errorf("listing workers: %w", err)
 	}
 	for _, srv := range servers {
-		s.Workers = append(s.Workers, workerStatus{
-			Host: srv.Host, PID: srv.PID, Concurrency: srv.Concurrency, Active: len(srv.ActiveWorkers),
-			Queues: srv.Queues, Started: srv.Started.UTC(), Status: srv.Status,
-		})
+		wk := workerStatus{Host: srv.Host, PID: srv.PID, Concurrency: srv.Concurrency, Active: len(srv.ActiveWorkers),
+			Queues: srv.Queues, Started: srv.Started.UTC(), Status: srv.Status}
+		if run, wait := cfg.Worker.Concurrency, cfg.Worker.Waiting; srv.Concurrency == run+wait {
+			// asynq's concurrency is the worker's slots that run handlers
+			// and those that hold tasks waiting (jobs.Scheduler.AsynqConfig).
+			wk.Concurrency, wk.WaitingSlots = run, wait
+		}
+		s.Workers = append(s.Workers, wk)
 	}
 	slices.SortFunc(s.Workers, func(a, b workerStatus) int {
 		if c := strings.Compare(a.Host, b.Host); c != 0 {
@@ -311,8 +337,59 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 	return s, nil
 }
 
-func newGateStatus(name string, l jobs.LimitConfig, level int) gateStatus {
-	g := gateStatus{Name: name, Algorithm: l.Algorithm, Limit: l.Limit, Period: shortDuration(l.Period), Level: level, Capacity: l.Limit}
+// maxClassified bounds how many tasks of a queue's retry set, and of its
+// scheduled set, status reads to tell those waiting for their turn.
+const maxClassified = 10_000
+
+// classifyPage is how many tasks status reads at once to classify them.
+const classifyPage = 1000
+
+// countWaiting moves q's tasks that wait in Redis for their turn out of
+// its Retry and Scheduled counts into Waiting, reading at most
+// maxClassified of each set (asynq's retry set holds ids; their last
+// errors are in the tasks' hashes, read a page at a time).
+func countWaiting(inspector *asynq.Inspector, q *queueStatus) error {
+	count := func(total int, list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)) (int, error) {
+		waiting := 0
+		for page := 1; (page-1)*classifyPage < min(total, maxClassified); page++ {
+			infos, err := list(q.Name, asynq.PageSize(classifyPage), asynq.Page(page))
+			if err != nil {
+				return 0, err
+			}
+			for _, info := range infos {
+				if jobs.WaitingTask(info) {
+					waiting++
+				}
+			}
+			if len(infos) < classifyPage {
+				break
+			}
+		}
+		q.WaitingAtLeast = q.WaitingAtLeast || total > maxClassified
+		return min(waiting, total), nil // tasks move while the pages are read
+	}
+	inRetry, err := count(q.Retry, inspector.ListRetryTasks)
+	if err != nil {
+		return fmt.Errorf("reading its retry set: %w", err)
+	}
+	inScheduled, err := count(q.Scheduled, inspector.ListScheduledTasks)
+	if err != nil {
+		return fmt.Errorf("reading its scheduled set: %w", err)
+	}
+	q.Retry -= inRetry
+	q.Scheduled -= inScheduled
+	q.Waiting = inRetry + inScheduled
+	return nil
+}
+
+// newGateStatus is limit l, named name if a quota, with its level from
+// levels by its gate's name (drain:<queue>, quota:<name>); none if it is
+// keyed.
+func newGateStatus(name string, l jobs.LimitConfig, levels map[string]int, gate string) gateStatus {
+	g := gateStatus{Name: name, Algorithm: l.Algorithm, Limit: l.Limit, Period: shortDuration(l.Period), Capacity: l.Limit, Key: l.Key}
+	if level, ok := levels[gate]; ok && l.Key == "" {
+		g.Level = &level
+	}
 	switch throttle.Algorithm(l.Algorithm) {
 	case throttle.TokenBucket, throttle.LeakyBucket:
 		g.Burst = l.Burst
@@ -333,6 +410,15 @@ func (g gateStatus) describe() string {
 	return s
 }
 
+// admits is the gate's CAN ADMIT NOW: its level, or for a keyed limit
+// where to see it per key value.
+func (g gateStatus) admits(gate string) string {
+	if g.Level == nil {
+		return "per key: status --keys " + gate
+	}
+	return fmt.Sprintf("%d of %d", *g.Level, g.Capacity)
+}
+
 // shortDuration drops String's zero units: 1m, not 1m0s.
 func shortDuration(d time.Duration) string {
 	s := d.String()
@@ -348,7 +434,7 @@ func shortDuration(d time.Duration) string {
 func printSnapshot(w io.Writer, s snapshot) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "QUEUES at %s\n", s.Time.Local().Format(time.DateTime))
-	fmt.Fprintln(tw, "QUEUE\tPENDING\tSCHEDULED\tRETRY\tACTIVE\tARCHIVED\tDONE/S (1m)\tDRAIN\tCAN ADMIT NOW")
+	fmt.Fprintln(tw, "QUEUE\tPENDING\tWAITING\tSCHEDULED\tRETRY\tACTIVE\tARCHIVED\tDONE/S (1m)\tDRAIN\tCAN ADMIT NOW")
 	for _, q := range s.Queues {
 		name, drain, level := q.Name, "none", "-"
 		if q.Paused {
@@ -359,15 +445,19 @@ func printSnapshot(w io.Writer, s snapshot) error {
 			drain = "not in config: no worker serves it"
 		case q.Drain != nil:
 			drain = q.Drain.describe()
-			level = fmt.Sprintf("%d of %d", q.Drain.Level, q.Drain.Capacity)
+			level = q.Drain.admits("drain:" + q.Name)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.2f\t%s\t%s\n", name, q.Pending, q.Scheduled, q.Retry, q.Active, q.Archived, q.RatePerSecond, drain, level)
+		waiting := fmt.Sprint(q.Waiting)
+		if q.WaitingAtLeast {
+			waiting += "+"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%.2f\t%s\t%s\n", name, q.Pending, waiting, q.Scheduled, q.Retry, q.Active, q.Archived, q.RatePerSecond, drain, level)
 	}
 	fmt.Fprintln(tw)
 	if len(s.Quotas) > 0 {
 		fmt.Fprintln(tw, "QUOTA\tLIMIT\tCAN ADMIT NOW")
 		for _, g := range s.Quotas {
-			fmt.Fprintf(tw, "%s\t%s\t%d of %d\n", g.Name, g.describe(), g.Level, g.Capacity)
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.Name, g.describe(), g.admits("quota:"+g.Name))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -377,7 +467,11 @@ func printSnapshot(w io.Writer, s snapshot) error {
 	}
 	fmt.Fprintln(tw, "WORKER HOST\tPID\tCONCURRENCY\tACTIVE\tSTARTED\tUP\tSTATUS")
 	for _, wk := range s.Workers {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", wk.Host, wk.PID, wk.Concurrency, wk.Active,
+		concurrency := fmt.Sprint(wk.Concurrency)
+		if wk.WaitingSlots > 0 {
+			concurrency += fmt.Sprintf(" (+%d waiting)", wk.WaitingSlots)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\n", wk.Host, wk.PID, concurrency, wk.Active,
 			wk.Started.Local().Format(time.DateTime), s.Time.Sub(wk.Started).Truncate(time.Second), wk.Status)
 	}
 	return tw.Flush()

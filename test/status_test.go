@@ -1,0 +1,113 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
+)
+
+// waitingDoc is what TestEnqueueStatusWaiting reads of status --json.
+type waitingDoc struct {
+	Queues []struct {
+		Name                               string
+		Pending, Waiting, Scheduled, Retry int
+	}
+	Quotas []struct {
+		Name  string
+		Level *int
+	}
+	Workers []struct {
+		Concurrency  int
+		WaitingSlots int `json:"waiting_slots"`
+	}
+}
+
+// TestEnqueueStatusWaiting: during a drain of 60 tasks at 5/s (worker
+// concurrency 10, tasks waiting in Redis for their turn), status counts
+// them as WAITING, not RETRY (none failed); once the worker has stopped,
+// its count is exactly what Redis holds: the tasks of the retry set whose
+// last error is sluice's wait. The worker shows concurrency 10 (+10
+// waiting), as configured, and a keyed quota no level of its own.
+func TestEnqueueStatusWaiting(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	queue, keyed := redistest.Queue(t, "status"), redistest.Queue(t, "keyed")
+	config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s}
+worker: {concurrency: 10, hold_max: 100ms}
+queues:
+  %s: {drain: {algorithm: leaky_bucket, limit: 5, period: 1s, burst: 1}}
+quotas:
+  %s: {limit: 5, period: 1s, key: payload.token}
+`, addr, queue, keyed))
+	w := startWorker(t, config)
+	if r := runEnqueue(t, addr, nil, "--config", config, "--queue", queue, "--count", "60", "demo:noop"); r.code != 0 {
+		t.Fatalf("enqueue:\n%v", r)
+	}
+	status := func() waitingDoc {
+		t.Helper()
+		r := runEnqueue(t, addr, nil, "--config", config, "status", "--json")
+		var doc waitingDoc
+		if err := json.Unmarshal([]byte(r.stdout), &doc); r.code != 0 || err != nil {
+			t.Fatalf("status --json: %v\n%v", err, r)
+		}
+		return doc
+	}
+	var during waitingDoc
+	testkit.WaitFor(t, 10*time.Second, "tasks waiting for their turn", func() bool {
+		during = status()
+		return during.Queues[0].Waiting >= 10
+	})
+	q := during.Queues[0]
+	t.Logf("during the drain: %+v", q)
+	if q.Name != queue || q.Retry != 0 {
+		t.Errorf("status during the drain: %+v; want queue %s, 0 retries (no task failed)", q, queue)
+	}
+	if len(during.Workers) != 1 || during.Workers[0].Concurrency != 10 || during.Workers[0].WaitingSlots != 10 {
+		t.Errorf("workers %+v; want one of concurrency 10 (+10 waiting slots)", during.Workers)
+	}
+	if len(during.Quotas) != 1 || during.Quotas[0].Level != nil {
+		t.Errorf("quotas %+v; want %s with no level (keyed)", during.Quotas, keyed)
+	}
+	r := runEnqueue(t, addr, nil, "--config", config, "status")
+	if want := "per key: status --keys quota:" + keyed; !strings.Contains(r.stdout, want) || !strings.Contains(r.stdout, "10 (+10 waiting)") {
+		t.Errorf("status: want %q and the worker's 10 (+10 waiting)\n%v", want, r)
+	}
+	t.Logf("status:\n%s", r.stdout)
+
+	// Stopped, the worker moves no task: status and Redis must agree.
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	testkit.WaitFor(t, 15*time.Second, "the worker to stop", func() bool {
+		resp, err := http.Get("http://" + w.metrics + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err != nil
+	})
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: addr})
+	defer inspector.Close()
+	retries, err := inspector.ListRetryTasks(queue, asynq.PageSize(1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := 0
+	for _, info := range retries {
+		if strings.Contains(info.LastErr, "for its turn (not a failure)") {
+			waiting++
+		}
+	}
+	after := status().Queues[0]
+	if after.Waiting != waiting || after.Retry != len(retries)-waiting || waiting == 0 {
+		t.Errorf("status after the stop: %+v; Redis holds %d tasks in the retry set, %d of them waiting for their turn", after, len(retries), waiting)
+	}
+	t.Logf("after the stop: %+v; Redis: %d in the retry set, %d waiting", after, len(retries), waiting)
+}
