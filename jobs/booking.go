@@ -236,6 +236,7 @@ func (s *Scheduler) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool)
 	if !ok {
 		return claim{}, false
 	}
+	key = g.limit.storedKey(key)
 	if ov := g.overrides[key]; ov != nil {
 		return claim{g: g, lim: ov.lim, key: key}, true
 	}

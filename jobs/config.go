@@ -92,6 +92,11 @@ type LimitConfig struct {
 	// Overrides give some key values a limit of their own: each field set
 	// replaces the limit's, the others are inherited.
 	Overrides map[string]LimitOverride
+	// HashKeys keeps each key value by its hash (see hashedKey), so that
+	// the values (API tokens, say) are in no Redis key name, log line,
+	// metric or status output. Overrides match all the same, given by
+	// value or by hashed name. Keyed limits only.
+	HashKeys bool
 	// OnKeyError is what a task does whose key expression fails (a missing
 	// field, a wrong type): OnKeyErrorDefault ("" means it too) or
 	// OnKeyErrorWait. Keyed limits only.
@@ -139,7 +144,7 @@ func (l LimitConfig) override(o LimitOverride) LimitConfig {
 	if o.OnRedisError != "" {
 		l.OnRedisError = o.OnRedisError
 	}
-	l.Key, l.Overrides, l.OnKeyError = "", nil, ""
+	l.Key, l.Overrides, l.OnKeyError, l.HashKeys = "", nil, "", false
 	return l
 }
 
@@ -425,6 +430,9 @@ func (l LimitConfig) validate(key string) []error {
 		errs = append(errs, fmt.Errorf("%s.on_key_error: must be default or wait, got %q", key, l.OnKeyError))
 	case l.OnKeyError != "" && l.Key == "":
 		errs = append(errs, fmt.Errorf("%s.on_key_error: applies to a keyed limit, but the limit has no key; give it one (%s.key)", key, key))
+	}
+	if l.HashKeys && l.Key == "" {
+		errs = append(errs, fmt.Errorf("%s.hash_keys: applies to a keyed limit, but the limit has no key; give it one (%s.key)", key, key))
 	}
 	if len(l.Overrides) > 0 && l.Key == "" {
 		errs = append(errs, fmt.Errorf("%s.overrides: apply to key values, but the limit has no key; give it one (%s.key)", key, key))

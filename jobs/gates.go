@@ -181,13 +181,16 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		fmt.Fprintf(h, "%s\x00", l.Key)
 		g.overrides = map[string]*gate{}
 		for _, v := range sortedKeys(l.Overrides) {
-			ov, err := newGate(kind, name, l.override(l.Overrides[v]), name+"\x00"+v)
+			// Under its stored key: with hash_keys, its value is in no
+			// Redis key name.
+			stored := l.storedKey(v)
+			ov, err := newGate(kind, name, l.override(l.Overrides[v]), name+"\x00"+stored)
 			if err != nil {
 				return nil, err
 			}
-			ov.name, ov.key = g.name, v
-			g.overrides[v] = ov
-			fmt.Fprintf(h, "%s=%s\x00", v, ov.tag)
+			ov.name, ov.key = g.name, stored
+			g.overrides[stored] = ov
+			fmt.Fprintf(h, "%s=%s\x00", stored, ov.tag)
 		}
 		g.tag += fmt.Sprintf("#%08x", h.Sum32())
 		return g, nil

@@ -216,10 +216,41 @@ func (k *keyExpr) eval(v *taskVars) (string, error) {
 // override or weight could name it anyway (they are at most maxKeyName).
 func keyValue(s string) string {
 	if len(s) > maxKeyName {
-		sum := sha256.Sum256([]byte(s))
-		return "sha256:" + hex.EncodeToString(sum[:16])
+		return hashedKey(s)
 	}
 	return strings.Clone(s)
+}
+
+// hashedKey names key value v by its hash: "sha256:" and the first 16
+// bytes of its SHA-256 in hex. A value named so already (keyValue's, or an
+// override given by its hashed name) is kept as it is.
+func hashedKey(v string) string {
+	if isHashedKey(v) {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hashedPrefix + hex.EncodeToString(sum[:16])
+}
+
+const hashedPrefix = "sha256:"
+
+// isHashedKey reports whether v is a name hashedKey gives.
+func isHashedKey(v string) bool {
+	h, ok := strings.CutPrefix(v, hashedPrefix)
+	if !ok || len(h) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil && h == strings.ToLower(h)
+}
+
+// storedKey is key value v of limit l as the limiter keeps it: hashed with
+// hash_keys (DefaultKey excepted: it names no one), else as it is.
+func (l LimitConfig) storedKey(v string) string {
+	if !l.HashKeys || v == DefaultKey {
+		return v
+	}
+	return hashedKey(v)
 }
 
 // celHost is host(url): the URL's host name in lower case, without port.

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -245,4 +246,59 @@ func TestKeyErrorWait(t *testing.T) {
 		}
 	}
 	t.Logf("log: %s", log.String())
+}
+
+// TestHashedKeys: a quota keyed by token with hash_keys keeps each token
+// by its hash: after bookings of three tokens, no Redis key name holds a
+// token; each token holds its own limit, an override given by the token
+// and one given by its hashed name both match; KeyLoadOf finds a token's
+// key by its value, named by its hash.
+func TestHashedKeys(t *testing.T) {
+	clock := testkit.NewClock(t0)
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{quota: {Algorithm: "token_bucket", Limit: 2, Period: time.Second, Burst: 2, Key: `payload.token`, HashKeys: true,
+			Overrides: map[string]LimitOverride{"tok-big-secret": {Limit: 5, Burst: 5}, hashedKey("tok-other-secret"): {Limit: 3, Burst: 3}}}},
+		Tasks: map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}
+	rdb := redistest.Client(t)
+	s := newScheduler(t, rdb, cfg, WithClock(clock))
+	booked := 0 // task ids hold no token
+	passed := func(token string) int {
+		n := 0
+		for range 10 {
+			booked++
+			b, err := s.book(context.Background(), s.gates.Load(), queue, fmt.Sprint("task-", booked), asynq.NewTask("test:call", []byte(`{"token": "`+token+`"}`)), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.askIn == 0 && !b.ready.After(clock.Now()) {
+				n++
+			}
+		}
+		return n
+	}
+	for token, want := range map[string]int{"tok-alpha-secret": 2, "tok-big-secret": 5, "tok-other-secret": 3} {
+		if got := passed(token); got != want {
+			t.Errorf("%s: %d of 10 passed at once, want %d", token, got, want)
+		}
+	}
+	keys, err := rdb.Keys(context.Background(), "*"+quota+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, "secret") {
+			t.Errorf("Redis key %q holds a token", k)
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatal("no Redis key of the quota")
+	}
+	load, found, err := KeyLoadOf(context.Background(), rdb, cfg, quota, "tok-alpha-secret")
+	if err != nil || !found || load.Key != hashedKey("tok-alpha-secret") || load.Throttled != 8 {
+		t.Errorf("KeyLoadOf(tok-alpha-secret) = %+v, %v, %v; want its hashed key %s, 8 throttled", load, found, err, hashedKey("tok-alpha-secret"))
+	}
+	t.Logf("Redis keys: %q; KeyLoadOf: %+v", keys, load)
 }

@@ -1,15 +1,20 @@
 package test
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -110,4 +115,76 @@ quotas:
 		t.Errorf("status after the stop: %+v; Redis holds %d tasks in the retry set, %d of them waiting for their turn", after, len(retries), waiting)
 	}
 	t.Logf("after the stop: %+v; Redis: %d in the retry set, %d waiting", after, len(retries), waiting)
+}
+
+// TestHashedKeysHidden: a quota keyed by an API token with hash_keys: after
+// a drain of 12 tasks of one token and 8 of another (one with an override,
+// given by its token), no Redis key name, no status output and no line of
+// the worker's log holds either token; status --keys --key TOKEN finds the
+// token's key by its hash, throttled.
+func TestHashedKeysHidden(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	queue, quota := redistest.Queue(t, "tokens"), redistest.Queue(t, "per-token")
+	const small, big = "tok-secret-small-1f9c", "tok-secret-big-77ab"
+	u := newUpstream(t)
+	config := writeConfig(t, fmt.Sprintf(`
+redis: {addr: %s}
+worker: {concurrency: 10}
+queues:
+  %s: {}
+quotas:
+  %s: {limit: 4, period: 1s, burst: 4, key: 'payload.headers["X-Token"]', hash_keys: true, overrides: {%s: {limit: 40, burst: 40}}}
+tasks:
+  http:request: {quotas: [%s]}
+%s`, addr, queue, quota, big, quota, u.allowYAML()))
+	w := startWorker(t, config)
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: addr})
+	defer client.Close()
+	enqueueWithHeaders(t, client, u.URL, queue, "small", 12, map[string]string{"X-Token": small})
+	enqueueWithHeaders(t, client, u.URL, queue, "big", 8, map[string]string{"X-Token": big})
+
+	var outputs []string
+	status := func(args ...string) string {
+		t.Helper()
+		r := runEnqueue(t, addr, nil, append([]string{"--config", config, "status"}, args...)...)
+		if r.code != 0 {
+			t.Fatalf("status %q:\n%v", args, r)
+		}
+		outputs = append(outputs, r.stdout)
+		return r.stdout
+	}
+	sum := sha256.Sum256([]byte(small))
+	hashed := "sha256:" + hex.EncodeToString(sum[:16])
+	var found keysDoc
+	testkit.WaitFor(t, 10*time.Second, "status --keys --key to find the small token throttled", func() bool {
+		found = keysDoc{}
+		err := json.Unmarshal([]byte(status("--keys", quota, "--key", small, "--json")), &found)
+		return err == nil && len(found.Keys) == 1 && found.Keys[0].Throttled > 0
+	})
+	if found.Keys[0].Key != hashed {
+		t.Errorf("status --keys --key %s: key %q, want its hash %s", small, found.Keys[0].Key, hashed)
+	}
+	t.Logf("status --keys %s --key %s:\n%s", quota, small, status("--keys", quota, "--key", small))
+	status("--keys", quota)
+	status("--keys", quota, "--json")
+	status()
+	testkit.WaitFor(t, 15*time.Second, "every request", func() bool { return len(u.All()) == 20 })
+
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	for _, token := range []string{small, big} {
+		keys, err := rdb.Keys(context.Background(), "*"+token+"*").Result()
+		if err != nil || len(keys) > 0 {
+			t.Errorf("Redis key names holding %s: %q (%v), want none", token, keys, err)
+		}
+		for _, out := range outputs {
+			if strings.Contains(out, token) {
+				t.Errorf("status output holds %s:\n%s", token, out)
+			}
+		}
+		if log, _ := os.ReadFile(w.log); strings.Contains(string(log), token) {
+			t.Errorf("the worker's log holds %s:\n%s", token, log)
+		}
+	}
 }

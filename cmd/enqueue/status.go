@@ -23,7 +23,7 @@ import (
 
 func newStatusCommand(a *app) *cobra.Command {
 	var watch, asJSON bool
-	var keys string
+	var keys, key string
 	var top int
 	cmd := &cobra.Command{
 		Use:   "status [--watch] [--json] [--keys <gate> [--top N]]",
@@ -46,13 +46,18 @@ booked on it for turns still to come (a fair queue: and the tasks in the
 key's line; "-" where the algorithm does not tell), THROTTLED, the events it
 throttled in the last minute (counted in 10s steps), and whether it can admit
 one now. The most throttled first, then the most waiting; --top of them
-(default 20, at most ` + fmt.Sprint(jobs.MaxKeyLoads) + `). It scans the gate's keys in Redis (SCAN).`,
+(default 20, at most ` + fmt.Sprint(jobs.MaxKeyLoads) + `). It scans the gate's keys in Redis (SCAN).
+--key VALUE shows that key value's row only: a limit with hash_keys keeps
+its values by their hashes (sha256:...), and --key hashes VALUE to find it.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return badInput(fmt.Errorf("status takes no arguments, got %q", args))
 			}
 			if cmd.Flags().Changed("top") && keys == "" {
 				return badInput(fmt.Errorf("--top is for --keys <gate>"))
+			}
+			if cmd.Flags().Changed("key") && (keys == "" || cmd.Flags().Changed("top")) {
+				return badInput(fmt.Errorf("--key is for --keys <gate>, without --top"))
 			}
 			if top < 1 || top > jobs.MaxKeyLoads {
 				return badInput(fmt.Errorf("--top must be from 1 to %d, got %d", jobs.MaxKeyLoads, top))
@@ -61,7 +66,7 @@ one now. The most throttled first, then the most waiting; --top of them
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if keys != "" {
-				return a.keyStatus(cmd, keys, top, watch, asJSON)
+				return a.keyStatus(cmd, keys, top, cmd.Flags().Changed("key"), key, watch, asJSON)
 			}
 			return a.status(cmd, watch, asJSON)
 		},
@@ -70,6 +75,7 @@ one now. The most throttled first, then the most waiting; --top of them
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&keys, "keys", "", "show the busiest keys of this keyed gate (drain:<queue>, quota:<name>, fair:<queue>, concurrency:type:<type>)")
 	cmd.Flags().IntVar(&top, "top", 20, "with --keys: how many keys to show")
+	cmd.Flags().StringVar(&key, "key", "", "with --keys: show this key value only (hashed to find it where the limit has hash_keys)")
 	return cmd
 }
 
@@ -82,10 +88,10 @@ type snapshot struct {
 }
 
 type queueStatus struct {
-	Name        string      `json:"name"`
-	Configured  bool        `json:"configured"` // in config.yaml, so workers serve it
-	Paused      bool        `json:"paused"`
-	Pending int `json:"pending"`
+	Name       string `json:"name"`
+	Configured bool   `json:"configured"` // in config.yaml, so workers serve it
+	Paused     bool   `json:"paused"`
+	Pending    int    `json:"pending"`
 	// Waiting are the tasks waiting in Redis for their turn, sent back by
 	// a worker: asynq holds them as retries (or, those with no retry
 	// left, as scheduled copies), counted apart here (jobs.WaitingTask).
@@ -96,11 +102,11 @@ type queueStatus struct {
 	WaitingAtLeast bool        `json:"waiting_at_least,omitempty"`
 	Scheduled      int         `json:"scheduled"` // by their producer
 	Retry          int         `json:"retry"`     // after a failure
-	Active      int         `json:"active"`
-	Archived    int         `json:"archived"`
-	Aggregating int         `json:"aggregating"`
-	Completed   int         `json:"completed"` // kept for their retention
-	Drain       *gateStatus `json:"drain"`     // null: not rate-limited
+	Active         int         `json:"active"`
+	Archived       int         `json:"archived"`
+	Aggregating    int         `json:"aggregating"`
+	Completed      int         `json:"completed"` // kept for their retention
+	Drain          *gateStatus `json:"drain"`     // null: not rate-limited
 	// RatePerSecond is the rate at which the fleet completed the queue's
 	// tasks over the last minute.
 	RatePerSecond float64 `json:"rate_per_second"`
@@ -121,17 +127,17 @@ type gateStatus struct {
 }
 
 type workerStatus struct {
-	Host        string         `json:"host"`
-	PID         int            `json:"pid"`
+	Host string `json:"host"`
+	PID  int    `json:"pid"`
 	// Concurrency is how many tasks it runs at once (worker.concurrency);
 	// WaitingSlots how many more it may hold waiting for their turn
 	// (worker.waiting). asynq counts both as its concurrency.
 	Concurrency  int            `json:"concurrency"`
 	WaitingSlots int            `json:"waiting_slots"`
 	Active       int            `json:"active"` // tasks running or waiting in the worker now
-	Queues      map[string]int `json:"queues"` // name -> priority
-	Started     time.Time      `json:"started"`
-	Status      string         `json:"status"`
+	Queues       map[string]int `json:"queues"` // name -> priority
+	Started      time.Time      `json:"started"`
+	Status       string         `json:"status"`
 }
 
 // status prints one snapshot, or one a second with watch until ctx is done.
@@ -145,8 +151,11 @@ func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
 
 // keysSnapshot is what status --keys shows.
 type keysSnapshot struct {
-	Time time.Time   `json:"time"`
-	Gate string      `json:"gate"`
+	Time time.Time `json:"time"`
+	Gate string    `json:"gate"`
+	// Key, with --key, is the key asked for as the gate keeps it (hashed
+	// with hash_keys).
+	Key  *string     `json:"key,omitempty"`
 	Keys []keyStatus `json:"keys"`
 }
 
@@ -159,12 +168,24 @@ type keyStatus struct {
 	Remaining int  `json:"remaining"`
 }
 
-// keyStatus prints the busiest keys of gate, or does so every second with
-// watch until ctx is done.
-func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, watch, asJSON bool) error {
+// keyStatus prints the busiest keys of gate (with one, value's only), or
+// does so every second with watch until ctx is done.
+func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, one bool, value string, watch, asJSON bool) error {
 	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
 		s := keysSnapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Gate: gate, Keys: []keyStatus{}}
-		loads, err := jobs.KeyLoads(ctx, rdb, cfg, gate, top)
+		var loads []throttle.KeyLoad
+		var err error
+		if one {
+			var l throttle.KeyLoad
+			var found bool
+			l, found, err = jobs.KeyLoadOf(ctx, rdb, cfg, gate, value)
+			if found {
+				loads = append(loads, l)
+			}
+			s.Key = &l.Key
+		} else {
+			loads, err = jobs.KeyLoads(ctx, rdb, cfg, gate, top)
+		}
 		if err != nil {
 			return s, err
 		}
@@ -241,11 +262,19 @@ func (a *app) watch(cmd *cobra.Command, watch, asJSON bool, take func(context.Co
 
 func printKeys(w io.Writer, s keysSnapshot) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	if len(s.Keys) == 0 {
+	switch {
+	case len(s.Keys) == 0 && s.Key != nil:
+		fmt.Fprintf(tw, "KEY %s OF %s at %s: none (it holds no state and throttled no task in the last minute)\n", *s.Key, s.Gate, s.Time.Local().Format(time.DateTime))
+		return tw.Flush()
+	case len(s.Keys) == 0:
 		fmt.Fprintf(tw, "KEYS OF %s at %s: none (no key holds state or throttled a task in the last minute)\n", s.Gate, s.Time.Local().Format(time.DateTime))
 		return tw.Flush()
 	}
-	fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
+	if s.Key != nil {
+		fmt.Fprintf(tw, "KEY %s OF %s at %s\n", *s.Key, s.Gate, s.Time.Local().Format(time.DateTime))
+	} else {
+		fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
+	}
 	fmt.Fprintln(tw, "KEY\tWAITING\tTHROTTLED (1m)\tCAN ADMIT NOW")
 	for _, k := range s.Keys {
 		waiting, admit := "-", "no"
