@@ -47,10 +47,10 @@ func TestKeyExprCompileErrors(t *testing.T) {
 func TestConfigNamesKeyAndPosition(t *testing.T) {
 	cfg := Config{
 		Queues: map[string]QueueConfig{"q": {
-			Drain:    &LimitConfig{Limit: 10, Period: time.Second},
+			Drain:    &LimitConfig{Limit: 10, Period: time.Second, OnKeyError: OnKeyErrorWait, HashKeys: true},
 			Fairness: &FairnessConfig{Key: `payload.headers["X-Tenant"] +`, Weights: map[string]int{"vip": 0}},
 		}},
-		Quotas: map[string]LimitConfig{"api": {Limit: 4, Period: time.Second, Key: `host(payload.url`,
+		Quotas: map[string]LimitConfig{"api": {Limit: 4, Period: time.Second, Key: `host(payload.url`, OnKeyError: "skip",
 			Overrides: map[string]LimitOverride{"big": {Limit: -1}}}},
 		Tasks: map[string]TaskConfig{"t": {Quotas: []string{"api"}, ConcurrencyKey: `payload.x`}},
 	}.Defaults()
@@ -65,6 +65,9 @@ func TestConfigNamesKeyAndPosition(t *testing.T) {
 		"quotas.api.key: at 1:17: Syntax error",
 		"quotas.api.overrides.big.limit: must be > 0, got -1",
 		"tasks.t.concurrency_key: needs tasks.t.concurrency",
+		"queues.q.drain.on_key_error: applies to a keyed limit, but the limit has no key; give it one (queues.q.drain.key)",
+		"queues.q.drain.hash_keys: applies to a keyed limit, but the limit has no key; give it one (queues.q.drain.key)",
+		`quotas.api.on_key_error: must be default or wait, got "skip"`,
 	} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("problems:\n%s\nwant one starting %q", joined, want)
