@@ -286,31 +286,24 @@ func (e *KeyError) Error() string {
 	return fmt.Sprintf("the key of %s (%s) cannot be computed for this task: %s; %s", e.Key, e.Expr, e.Problem, then)
 }
 
-// CheckKeys evaluates every key expression a task of typ enqueued in
-// queue with payload would meet (its queue's keyed drain and fairness,
-// its type's keyed quotas, its concurrency_key), as a worker would, and
-// returns a *KeyError for the first that fails. client is the intake's
-// client (HeaderClient), "" if none. Producers call it to refuse such a
-// task before it is enqueued.
+// CheckKeys evaluates the key expression of every keyed limit a task of
+// typ enqueued in queue with payload would meet (its queue's drain, its
+// type's quotas), as a worker would, and returns a *KeyError for the first
+// that fails. client is the intake's client (HeaderClient), "" if none.
+// Producers call it to refuse such a task before it is enqueued. Fairness
+// and concurrency_key are not checked: a task whose key fails there takes
+// a share or slots of the default key, beside the others, not a limit
+// meant for many keys alone.
 func CheckKeys(cfg Config, queue, typ string, payload []byte, client string) error {
 	type keyed struct{ key, expr, onKeyError string }
 	var exprs []keyed
-	if q, ok := cfg.Queues[queue]; ok {
-		if q.Drain != nil && q.Drain.Key != "" {
-			exprs = append(exprs, keyed{"queues." + queue + ".drain.key", q.Drain.Key, q.Drain.OnKeyError})
-		}
-		if q.Fairness != nil {
-			exprs = append(exprs, keyed{"queues." + queue + ".fairness.key", q.Fairness.Key, ""})
-		}
+	if q, ok := cfg.Queues[queue]; ok && q.Drain != nil && q.Drain.Key != "" {
+		exprs = append(exprs, keyed{"queues." + queue + ".drain.key", q.Drain.Key, q.Drain.OnKeyError})
 	}
-	t := cfg.Tasks[typ]
-	for _, name := range t.Quotas {
+	for _, name := range cfg.Tasks[typ].Quotas {
 		if l := cfg.Quotas[name]; l.Key != "" {
 			exprs = append(exprs, keyed{"quotas." + name + ".key", l.Key, l.OnKeyError})
 		}
-	}
-	if t.ConcurrencyKey != "" {
-		exprs = append(exprs, keyed{"tasks." + typ + ".concurrency_key", t.ConcurrencyKey, ""})
 	}
 	vars := newTaskVars(queue, "", typ, payload)
 	vars.client = client

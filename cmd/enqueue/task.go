@@ -180,7 +180,7 @@ type task struct {
 
 // payloadChecker knows the task types and checks their payloads: a
 // config.File, from the built-in types' rules and the config's schemas,
-// and the keys of the limits a task would meet.
+// and the keys of the keyed limits a task would meet.
 type payloadChecker interface {
 	CheckPayload(typ string, payload []byte) error
 	CheckKeys(queue, typ string, payload []byte) error
