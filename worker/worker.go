@@ -144,8 +144,10 @@ func (w *Worker) HandleFunc(pattern string, handler func(context.Context, *asynq
 // changes, until ctx ends. It then stops taking tasks, waits for running
 // ones (see WithShutdownTimeout) and returns nil. It returns an error if
 // the worker cannot start (the metrics address is taken, Redis refuses
-// the config's login or TLS setup: a *config.RefusedError) or if Run was
-// called before.
+// the config's login or TLS setup: a *config.RefusedError; a task type a
+// handler takes has no tasks: entry while one near its name has no
+// handler, a typo: a *config.Problems, see jobs.CheckHandled) or if Run
+// was called before. A reload with such a typo is refused and logged.
 func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	started := w.started
