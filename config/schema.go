@@ -210,6 +210,14 @@ func (e *PayloadError) Error() string {
 	return b.String()
 }
 
+// CheckKeys checks that a task of type typ in queue with payload has a
+// key for every keyed limit it would meet (jobs.CheckKeys), as enqueue and
+// its intake do before it is enqueued: a key that cannot be computed is a
+// *jobs.KeyError naming the limit, the expression and the problem.
+func (f File) CheckKeys(queue, typ string, payload []byte) error {
+	return jobs.CheckKeys(f.Jobs, queue, typ, payload, "")
+}
+
 // CheckPayload checks a payload for task type typ before it is enqueued,
 // as enqueue and its intake do: a built-in type by its own rules; a type
 // named under tasks by its schema (tasks.<type>.schema), or as any JSON

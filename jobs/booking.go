@@ -86,7 +86,10 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 		vars = varsOf(queue, id, t)
 	}
 	if r.keyed {
-		claims = s.claimsOf(r, vars)
+		var ok bool
+		if claims, ok = s.claimsOf(r, vars); !ok {
+			return booking{askIn: keyErrorWait}, nil // on_key_error: wait
+		}
 	}
 	if b, ok := s.lent(ctx, gs, r, claims, t); ok {
 		return b, nil
@@ -201,42 +204,80 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 
 // claimsOf lists the claims a task on route r makes, in order: its
 // queue's drain, then its type's quotas; a keyed gate's claim is on the
-// task's key value.
-func (s *Scheduler) claimsOf(r *route, vars *taskVars) []claim {
+// task's key value. Not ok: a key failed on a limit whose on_key_error is
+// wait, and the task waits.
+func (s *Scheduler) claimsOf(r *route, vars *taskVars) ([]claim, bool) {
 	claims := make([]claim, len(r.gates))
 	for i, g := range r.gates {
-		claims[i] = s.claimOf(g, vars)
+		c, ok := s.keyedClaim(g, vars, g.limit.OnKeyError == OnKeyErrorWait)
+		if !ok {
+			return nil, false
+		}
+		claims[i] = c
 	}
-	return claims
+	return claims, true
 }
 
 // claimOf is the task's claim on gate g: on its key value if g is
-// keyed, with that value's own limit if it has one.
+// keyed, with that value's own limit if it has one; DefaultKey if its key
+// fails.
 func (s *Scheduler) claimOf(g *gate, vars *taskVars) claim {
-	if g.expr == nil {
-		return claim{g: g, lim: g.lim, key: g.key}
-	}
-	key := s.keyOf(g.name, g.expr, vars)
-	if ov := g.overrides[key]; ov != nil {
-		return claim{g: g, lim: ov.lim, key: key}
-	}
-	return claim{g: g, lim: g.lim, key: key}
+	c, _ := s.keyedClaim(g, vars, false)
+	return c
 }
+
+// keyedClaim is claimOf; with wait, a key that fails gives no claim (not
+// ok) instead of DefaultKey's.
+func (s *Scheduler) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
+	if g.expr == nil {
+		return claim{g: g, lim: g.lim, key: g.key}, true
+	}
+	key, ok := s.evalKey(g.name, g.expr, vars, wait)
+	if !ok {
+		return claim{}, false
+	}
+	key = g.limit.storedKey(key)
+	if ov := g.overrides[key]; ov != nil {
+		return claim{g: g, lim: ov.lim, key: key}, true
+	}
+	return claim{g: g, lim: g.lim, key: key}, true
+}
+
+// keyErrorWait is how long a task whose key failed on a limit with
+// on_key_error: wait waits in Redis before it asks again: a fix comes by
+// reload, and each ask costs a trip.
+const keyErrorWait = 30 * time.Second
 
 // keyOf is the task's key value for the limit named gate: what expr gives,
 // or DefaultKey if it fails (counted, and logged at most once a minute per
 // limit): a task is never failed for its key.
 func (s *Scheduler) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
+	key, _ := s.evalKey(gate, expr, vars, false)
+	return key
+}
+
+// evalKey is keyOf; with wait, a key that fails is not ok (counted in
+// sluice_key_waits_total, and logged at most once a minute per limit).
+func (s *Scheduler) evalKey(gate string, expr *keyExpr, vars *taskVars, wait bool) (string, bool) {
 	key, err := expr.eval(vars)
 	if err == nil {
-		return key
+		return key, true
+	}
+	logIt := func() bool { d, _ := s.keyLogGate.AllowN(context.Background(), gate, 1); return d.Allowed }
+	if wait {
+		s.metrics.keyWaits.WithLabelValues(gate).Inc()
+		if logIt() {
+			s.log.Error("a task's key expression failed; the task waits in Redis (on_key_error: wait) and asks again later: fix the expression (a reload is in force at once) or the task's payload (further failures of this limit in the next minute are only counted)",
+				"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "asks_again_in", keyErrorWait)
+		}
+		return "", false
 	}
 	s.metrics.keyFallbacks.WithLabelValues(gate).Inc()
-	if d, _ := s.keyLogGate.AllowN(context.Background(), gate, 1); d.Allowed {
+	if logIt() {
 		s.log.Warn("a task's key expression failed; the task takes the limit's default key (further failures of this limit in the next minute are only counted)",
-			"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "default", DefaultKey)
+			"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "default", DefaultKey, "on_key_error", "default (set wait to hold such tasks instead)")
 	}
-	return DefaultKey
+	return DefaultKey, true
 }
 
 // lent gives a task that never booked before a turn lent by its gates'

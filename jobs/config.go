@@ -92,7 +92,27 @@ type LimitConfig struct {
 	// Overrides give some key values a limit of their own: each field set
 	// replaces the limit's, the others are inherited.
 	Overrides map[string]LimitOverride
+	// HashKeys keeps each key value by its hash (see hashedKey), so that
+	// the values (API tokens, say) are in no Redis key name, log line,
+	// metric or status output. Overrides match all the same, given by
+	// value or by hashed name. Keyed limits only.
+	HashKeys bool
+	// OnKeyError is what a task does whose key expression fails (a missing
+	// field, a wrong type): OnKeyErrorDefault ("" means it too) or
+	// OnKeyErrorWait. Keyed limits only.
+	OnKeyError string
 }
+
+// What a task does when its key expression fails (on_key_error).
+const (
+	// OnKeyErrorDefault: it takes the limit's DefaultKey, shared by every
+	// task whose key failed, and runs when that key allows.
+	OnKeyErrorDefault = "default"
+	// OnKeyErrorWait: it waits in Redis, neither run nor failed, and asks
+	// again every keyErrorWait (after a reload that fixes the expression,
+	// it runs); each time is counted and logged.
+	OnKeyErrorWait = "wait"
+)
 
 // LimitOverride is one key value's own limit; zero fields are inherited.
 type LimitOverride struct {
@@ -124,7 +144,7 @@ func (l LimitConfig) override(o LimitOverride) LimitConfig {
 	if o.OnRedisError != "" {
 		l.OnRedisError = o.OnRedisError
 	}
-	l.Key, l.Overrides = "", nil
+	l.Key, l.Overrides, l.OnKeyError, l.HashKeys = "", nil, "", false
 	return l
 }
 
@@ -405,6 +425,15 @@ func (l LimitConfig) validate(key string) []error {
 		errs = append(errs, fmt.Errorf("%s: %w", key, err))
 	}
 	errs = append(errs, validateKeyExpr(key+".key", l.Key, false)...)
+	switch {
+	case l.OnKeyError != "" && l.OnKeyError != OnKeyErrorDefault && l.OnKeyError != OnKeyErrorWait:
+		errs = append(errs, fmt.Errorf("%s.on_key_error: must be default or wait, got %q", key, l.OnKeyError))
+	case l.OnKeyError != "" && l.Key == "":
+		errs = append(errs, fmt.Errorf("%s.on_key_error: applies to a keyed limit, but the limit has no key; give it one (%s.key)", key, key))
+	}
+	if l.HashKeys && l.Key == "" {
+		errs = append(errs, fmt.Errorf("%s.hash_keys: applies to a keyed limit, but the limit has no key; give it one (%s.key)", key, key))
+	}
 	if len(l.Overrides) > 0 && l.Key == "" {
 		errs = append(errs, fmt.Errorf("%s.overrides: apply to key values, but the limit has no key; give it one (%s.key)", key, key))
 	}

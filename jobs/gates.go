@@ -181,13 +181,16 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		fmt.Fprintf(h, "%s\x00", l.Key)
 		g.overrides = map[string]*gate{}
 		for _, v := range sortedKeys(l.Overrides) {
-			ov, err := newGate(kind, name, l.override(l.Overrides[v]), name+"\x00"+v)
+			// Under its stored key: with hash_keys, its value is in no
+			// Redis key name.
+			stored := l.storedKey(v)
+			ov, err := newGate(kind, name, l.override(l.Overrides[v]), name+"\x00"+stored)
 			if err != nil {
 				return nil, err
 			}
-			ov.name, ov.key = g.name, v
-			g.overrides[v] = ov
-			fmt.Fprintf(h, "%s=%s\x00", v, ov.tag)
+			ov.name, ov.key = g.name, stored
+			g.overrides[stored] = ov
+			fmt.Fprintf(h, "%s=%s\x00", stored, ov.tag)
 		}
 		g.tag += fmt.Sprintf("#%08x", h.Sum32())
 		return g, nil
@@ -410,9 +413,10 @@ func changedTags(old, gs *gateSet) []string {
 	return stale
 }
 
-// Levels returns, for every gate of cfg ("drain:<queue>", "quota:<name>"),
-// how many events it could admit now: a bucket's level, a window's room.
-// It counts nothing.
+// Levels returns, for every gate of cfg ("drain:<queue>", "quota:<name>")
+// that is not keyed, how many events it could admit now: a bucket's level,
+// a window's room. (A keyed gate's is per key value: KeyLoads.) It counts
+// nothing.
 func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[string]int, error) {
 	gs, err := newGateSet(rdb, cfg.Defaults(), gateOptions{lease: slotLease})
 	if err != nil {
@@ -421,6 +425,9 @@ func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[str
 	levels := map[string]int{}
 	for _, gates := range []map[string]*gate{gs.drains, gs.quotas} {
 		for _, g := range gates {
+			if g.expr != nil {
+				continue
+			}
 			level, err := g.lim.Peek(ctx, g.key)
 			if err != nil {
 				return nil, err

@@ -216,10 +216,41 @@ func (k *keyExpr) eval(v *taskVars) (string, error) {
 // override or weight could name it anyway (they are at most maxKeyName).
 func keyValue(s string) string {
 	if len(s) > maxKeyName {
-		sum := sha256.Sum256([]byte(s))
-		return "sha256:" + hex.EncodeToString(sum[:16])
+		return hashedKey(s)
 	}
 	return strings.Clone(s)
+}
+
+// hashedKey names key value v by its hash: "sha256:" and the first 16
+// bytes of its SHA-256 in hex. A value named so already (keyValue's, or an
+// override given by its hashed name) is kept as it is.
+func hashedKey(v string) string {
+	if isHashedKey(v) {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return hashedPrefix + hex.EncodeToString(sum[:16])
+}
+
+const hashedPrefix = "sha256:"
+
+// isHashedKey reports whether v is a name hashedKey gives.
+func isHashedKey(v string) bool {
+	h, ok := strings.CutPrefix(v, hashedPrefix)
+	if !ok || len(h) != 32 {
+		return false
+	}
+	_, err := hex.DecodeString(h)
+	return err == nil && h == strings.ToLower(h)
+}
+
+// storedKey is key value v of limit l as the limiter keeps it: hashed with
+// hash_keys (DefaultKey excepted: it names no one), else as it is.
+func (l LimitConfig) storedKey(v string) string {
+	if !l.HashKeys || v == DefaultKey {
+		return v
+	}
+	return hashedKey(v)
 }
 
 // celHost is host(url): the URL's host name in lower case, without port.
@@ -236,4 +267,54 @@ func celHost(arg ref.Val) ref.Val {
 		return types.NewErr("host: %q has no host", s)
 	}
 	return types.String(strings.ToLower(u.Hostname()))
+}
+
+// KeyError is CheckKeys' answer for a task whose key cannot be computed
+// for one of its limits.
+type KeyError struct {
+	Key     string // where config.yaml has the expression: quotas.<name>.key, ...
+	Expr    string // the expression
+	Problem string // what went wrong: a missing field, a wrong type, ...
+	Wait    bool   // the limit's on_key_error is wait
+}
+
+func (e *KeyError) Error() string {
+	then := "a worker would run it on the limit's default key, shared by every task whose key fails (on_key_error: default)"
+	if e.Wait {
+		then = "a worker would hold it until its key can be computed (on_key_error: wait)"
+	}
+	return fmt.Sprintf("the key of %s (%s) cannot be computed for this task: %s; %s", e.Key, e.Expr, e.Problem, then)
+}
+
+// CheckKeys evaluates the key expression of every keyed limit a task of
+// typ enqueued in queue with payload would meet (its queue's drain, its
+// type's quotas), as a worker would, and returns a *KeyError for the first
+// that fails. client is the intake's client (HeaderClient), "" if none.
+// Producers call it to refuse such a task before it is enqueued. Fairness
+// and concurrency_key are not checked: a task whose key fails there takes
+// a share or slots of the default key, beside the others, not a limit
+// meant for many keys alone.
+func CheckKeys(cfg Config, queue, typ string, payload []byte, client string) error {
+	type keyed struct{ key, expr, onKeyError string }
+	var exprs []keyed
+	if q, ok := cfg.Queues[queue]; ok && q.Drain != nil && q.Drain.Key != "" {
+		exprs = append(exprs, keyed{"queues." + queue + ".drain.key", q.Drain.Key, q.Drain.OnKeyError})
+	}
+	for _, name := range cfg.Tasks[typ].Quotas {
+		if l := cfg.Quotas[name]; l.Key != "" {
+			exprs = append(exprs, keyed{"quotas." + name + ".key", l.Key, l.OnKeyError})
+		}
+	}
+	vars := newTaskVars(queue, "", typ, payload)
+	vars.client = client
+	for _, k := range exprs {
+		expr, err := compileKey(k.expr)
+		if err == nil {
+			_, err = expr.eval(vars)
+		}
+		if err != nil {
+			return &KeyError{Key: k.key, Expr: k.expr, Problem: err.Error(), Wait: k.onKeyError == OnKeyErrorWait}
+		}
+	}
+	return nil
 }

@@ -2,9 +2,11 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,10 +47,10 @@ func TestKeyExprCompileErrors(t *testing.T) {
 func TestConfigNamesKeyAndPosition(t *testing.T) {
 	cfg := Config{
 		Queues: map[string]QueueConfig{"q": {
-			Drain:    &LimitConfig{Limit: 10, Period: time.Second},
+			Drain:    &LimitConfig{Limit: 10, Period: time.Second, OnKeyError: OnKeyErrorWait, HashKeys: true},
 			Fairness: &FairnessConfig{Key: `payload.headers["X-Tenant"] +`, Weights: map[string]int{"vip": 0}},
 		}},
-		Quotas: map[string]LimitConfig{"api": {Limit: 4, Period: time.Second, Key: `host(payload.url`,
+		Quotas: map[string]LimitConfig{"api": {Limit: 4, Period: time.Second, Key: `host(payload.url`, OnKeyError: "skip",
 			Overrides: map[string]LimitOverride{"big": {Limit: -1}}}},
 		Tasks: map[string]TaskConfig{"t": {Quotas: []string{"api"}, ConcurrencyKey: `payload.x`}},
 	}.Defaults()
@@ -63,6 +65,9 @@ func TestConfigNamesKeyAndPosition(t *testing.T) {
 		"quotas.api.key: at 1:17: Syntax error",
 		"quotas.api.overrides.big.limit: must be > 0, got -1",
 		"tasks.t.concurrency_key: needs tasks.t.concurrency",
+		"queues.q.drain.on_key_error: applies to a keyed limit, but the limit has no key; give it one (queues.q.drain.key)",
+		"queues.q.drain.hash_keys: applies to a keyed limit, but the limit has no key; give it one (queues.q.drain.key)",
+		`quotas.api.on_key_error: must be default or wait, got "skip"`,
 	} {
 		if !strings.Contains(joined, want) {
 			t.Errorf("problems:\n%s\nwant one starting %q", joined, want)
@@ -185,4 +190,118 @@ func TestKeyCostBounded(t *testing.T) {
 			t.Errorf("%s = %q, %v; want v", tc.source, got, err)
 		}
 	}
+}
+
+// TestKeyErrorWait: on a quota keyed by payload.token with on_key_error:
+// wait, a task whose payload has no token (a typo, tokn) does not run on
+// the default key: it waits in asynq's retry set, its retries untouched,
+// its last error sluice's wait; the failure is counted and logged at
+// ERROR naming the gate, the expression and the problem. A task with a
+// token runs. Without the setting the same task runs on the default key.
+func TestKeyErrorWait(t *testing.T) {
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{quota: {Limit: 5, Period: time.Second, Key: `payload.token`, OnKeyError: OnKeyErrorWait}},
+		Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}
+	var log testkit.SyncBuffer
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := NewScheduler(redistest.Client(t), asynq.RedisClientOpt{Addr: redistest.Addr(t)}, cfg, m, slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var ran sync.Map
+	mux := asynq.NewServeMux()
+	mux.Use(s.Middleware)
+	mux.HandleFunc("test:call", func(_ context.Context, t *asynq.Task) error {
+		ran.Store(string(t.Payload()), true)
+		return nil
+	})
+	client := serve(t, s, mux)
+	for _, payload := range []string{`{"tokn": "secret-a"}`, `{"token": "secret-b"}`} {
+		if _, err := client.Enqueue(asynq.NewTask("test:call", []byte(payload)), asynq.Queue(queue), asynq.TaskID(payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	bad := `{"tokn": "secret-a"}`
+	testkit.WaitFor(t, 10*time.Second, "the task without a token to wait in the retry set", func() bool {
+		info, err := inspector.GetTaskInfo(queue, bad)
+		return err == nil && info.State == asynq.TaskStateRetry
+	})
+	testkit.WaitFor(t, 10*time.Second, "the task with a token to run", func() bool { _, ok := ran.Load(`{"token": "secret-b"}`); return ok })
+	info, err := inspector.GetTaskInfo(queue, bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ran.Load(bad); ok || info.Retried != 0 || !strings.Contains(info.LastErr, "(not a failure)") {
+		t.Errorf("the task without a token: ran %v, retried %d, last error %q; want not run, 0, sluice's wait", ok, info.Retried, info.LastErr)
+	}
+	if got := testutil.ToFloat64(m.keyWaits.WithLabelValues("quota:" + quota)); got != 1 {
+		t.Errorf("sluice_key_waits_total = %v, want 1", got)
+	}
+	for _, want := range []string{"level=ERROR", "on_key_error: wait", "gate=quota:" + quota, "key=payload.token", "no such key: token"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, log.String())
+		}
+	}
+	t.Logf("log: %s", log.String())
+}
+
+// TestHashedKeys: a quota keyed by token with hash_keys keeps each token
+// by its hash: after bookings of three tokens, no Redis key name holds a
+// token; each token holds its own limit, an override given by the token
+// and one given by its hashed name both match; KeyLoadOf finds a token's
+// key by its value, named by its hash.
+func TestHashedKeys(t *testing.T) {
+	clock := testkit.NewClock(t0)
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{quota: {Algorithm: "token_bucket", Limit: 2, Period: time.Second, Burst: 2, Key: `payload.token`, HashKeys: true,
+			Overrides: map[string]LimitOverride{"tok-big-secret": {Limit: 5, Burst: 5}, hashedKey("tok-other-secret"): {Limit: 3, Burst: 3}}}},
+		Tasks: map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}
+	rdb := redistest.Client(t)
+	s := newScheduler(t, rdb, cfg, WithClock(clock))
+	booked := 0 // task ids hold no token
+	passed := func(token string) int {
+		n := 0
+		for range 10 {
+			booked++
+			b, err := s.book(context.Background(), s.gates.Load(), queue, fmt.Sprint("task-", booked), asynq.NewTask("test:call", []byte(`{"token": "`+token+`"}`)), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.askIn == 0 && !b.ready.After(clock.Now()) {
+				n++
+			}
+		}
+		return n
+	}
+	for token, want := range map[string]int{"tok-alpha-secret": 2, "tok-big-secret": 5, "tok-other-secret": 3} {
+		if got := passed(token); got != want {
+			t.Errorf("%s: %d of 10 passed at once, want %d", token, got, want)
+		}
+	}
+	keys, err := rdb.Keys(context.Background(), "*"+quota+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if strings.Contains(k, "secret") {
+			t.Errorf("Redis key %q holds a token", k)
+		}
+	}
+	if len(keys) == 0 {
+		t.Fatal("no Redis key of the quota")
+	}
+	load, found, err := KeyLoadOf(context.Background(), rdb, cfg, quota, "tok-alpha-secret")
+	if err != nil || !found || load.Key != hashedKey("tok-alpha-secret") || load.Throttled != 8 {
+		t.Errorf("KeyLoadOf(tok-alpha-secret) = %+v, %v, %v; want its hashed key %s, 8 throttled", load, found, err, hashedKey("tok-alpha-secret"))
+	}
+	t.Logf("Redis keys: %q; KeyLoadOf: %+v", keys, load)
 }

@@ -39,28 +39,11 @@ func KeyLoads(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate s
 	if top < 1 || top > MaxKeyLoads {
 		return nil, &GateError{fmt.Sprintf("the keys listed must be 1 to %d, got %d", MaxKeyLoads, top)}
 	}
-	if len(gate) > maxGateName {
-		return nil, &GateError{fmt.Sprintf("a gate's name is at most %d bytes, got %d (%q...)", maxGateName, len(gate), gate[:32])}
-	}
-	cfg = cfg.Defaults()
-	gs, err := newGateSet(rdb, cfg, gateOptions{lease: slotLease})
+	name, g, err := findKeyedGate(rdb, cfg, gate)
 	if err != nil {
 		return nil, err
 	}
-	keyed := gs.keyedGates()
-	names := describeGates(slices.Sorted(maps.Keys(keyed)))
-	name := gate
-	if !strings.Contains(gate, ":") {
-		name = "quota:" + gate
-		if _, isQueue := cfg.Queues[gate]; isQueue {
-			return nil, &GateError{fmt.Sprintf("%q is a queue: name one of its gates, as drain:%s or fair:%s; the config's keyed gates are %s", gate, gate, gate, names)}
-		}
-	}
-	read, ok := keyed[name]
-	if !ok {
-		return nil, &GateError{fmt.Sprintf("%q is not a keyed gate of the config; its keyed gates are %s", gate, names)}
-	}
-	loads, err := read(ctx)
+	loads, err := g.read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("jobs: keys of %s: %w", name, err)
 	}
@@ -69,6 +52,56 @@ func KeyLoads(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate s
 			compareBool(a.CanAdmit, b.CanAdmit), strings.Compare(a.Key, b.Key))
 	})
 	return loads[:min(top, len(loads))], nil
+}
+
+// KeyLoadOf returns the load of one key value of cfg's keyed gate named
+// gate (as KeyLoads names gates), as KeyLoads reads it; not found if the
+// key holds no state and throttled nothing in the last minute. value is
+// what the gate's key expression gives; a limit with hash_keys keeps it by
+// its hash, which is what the load's Key names (the value itself is not
+// in Redis).
+func KeyLoadOf(ctx context.Context, rdb redis.UniversalClient, cfg Config, gate, value string) (throttle.KeyLoad, bool, error) {
+	name, g, err := findKeyedGate(rdb, cfg, gate)
+	if err != nil {
+		return throttle.KeyLoad{}, false, err
+	}
+	loads, err := g.read(ctx)
+	if err != nil {
+		return throttle.KeyLoad{}, false, fmt.Errorf("jobs: keys of %s: %w", name, err)
+	}
+	want := g.stored(keyValue(value))
+	i := slices.IndexFunc(loads, func(l throttle.KeyLoad) bool { return l.Key == want })
+	if i < 0 {
+		return throttle.KeyLoad{Key: want}, false, nil
+	}
+	return loads[i], true, nil
+}
+
+// findKeyedGate finds cfg's keyed gate named gate, and its full name; a
+// *GateError if there is none.
+func findKeyedGate(rdb redis.UniversalClient, cfg Config, gate string) (string, keyedGate, error) {
+	if len(gate) > maxGateName {
+		return "", keyedGate{}, &GateError{fmt.Sprintf("a gate's name is at most %d bytes, got %d (%q...)", maxGateName, len(gate), gate[:32])}
+	}
+	cfg = cfg.Defaults()
+	gs, err := newGateSet(rdb, cfg, gateOptions{lease: slotLease})
+	if err != nil {
+		return "", keyedGate{}, err
+	}
+	keyed := gs.keyedGates()
+	names := describeGates(slices.Sorted(maps.Keys(keyed)))
+	name := gate
+	if !strings.Contains(gate, ":") {
+		name = "quota:" + gate
+		if _, isQueue := cfg.Queues[gate]; isQueue {
+			return "", keyedGate{}, &GateError{fmt.Sprintf("%q is a queue: name one of its gates, as drain:%s or fair:%s; the config's keyed gates are %s", gate, gate, gate, names)}
+		}
+	}
+	g, ok := keyed[name]
+	if !ok {
+		return "", keyedGate{}, &GateError{fmt.Sprintf("%q is not a keyed gate of the config; its keyed gates are %s", gate, names)}
+	}
+	return name, g, nil
 }
 
 // compareBool orders false before true.
@@ -89,9 +122,17 @@ func describeGates(names []string) string {
 	return strings.Join(names, ", ")
 }
 
-// keyedGates gives, by gate name, how to read each keyed gate's keys.
-func (gs *gateSet) keyedGates() map[string]func(context.Context) ([]throttle.KeyLoad, error) {
-	gates := map[string]func(context.Context) ([]throttle.KeyLoad, error){}
+// keyedGate is how to read a keyed gate's keys, and how it keeps a key
+// value (hashed with hash_keys).
+type keyedGate struct {
+	read   func(context.Context) ([]throttle.KeyLoad, error)
+	stored func(string) string
+}
+
+// keyedGates gives the keyed gates by name.
+func (gs *gateSet) keyedGates() map[string]keyedGate {
+	asIs := func(v string) string { return v }
+	gates := map[string]keyedGate{}
 	for _, set := range []map[string]*gate{gs.drains, gs.quotas} {
 		for _, g := range set {
 			if g.expr == nil {
@@ -103,15 +144,15 @@ func (gs *gateSet) keyedGates() map[string]func(context.Context) ([]throttle.Key
 			for _, o := range g.overrides {
 				lims = append(lims, o.lim)
 			}
-			gates[g.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, lims...) }
+			gates[g.name] = keyedGate{func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, lims...) }, g.limit.storedKey}
 		}
 	}
 	for _, f := range gs.fair {
-		gates[f.name] = func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, f.lim) }
+		gates[f.name] = keyedGate{func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, f.lim) }, asIs}
 	}
 	for typ, sem := range gs.typeSem {
 		if gs.typeKey[typ] != nil {
-			gates["concurrency:type:"+typ] = sem.Loads
+			gates["concurrency:type:"+typ] = keyedGate{sem.Loads, asIs}
 		}
 	}
 	return gates

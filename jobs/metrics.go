@@ -20,6 +20,7 @@ type Metrics struct {
 	completed     *prometheus.CounterVec   // queue, type, result
 	slotsLost     *prometheus.CounterVec   // slot, result
 	keyFallbacks  *prometheus.CounterVec   // gate
+	keyWaits      *prometheus.CounterVec   // gate
 }
 
 // NewMetrics registers the metrics on reg.
@@ -72,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"quota"}),
 		completed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_tasks_processed_total",
-			Help: "Tasks whose handler ran, by result (ok or error).",
+			Help: "Tasks whose handler ran, by result: ok, error, or upstream_busy (it returned a *jobs.UpstreamBusyError, an API's 429/503: the task waits for the upstream and runs again; not a failure).",
 		}, []string{"queue", "type", "result"}),
 		slotsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_slots_lost_total",
@@ -82,8 +83,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_key_fallbacks_total",
 			Help: "Tasks whose key expression failed (a missing field, a wrong type, a payload that is not JSON), so that they took the limit's default key, by gate (drain:<queue>, quota:<name>, fair:<queue>, concurrency:type:<name>).",
 		}, []string{"gate"}),
+		keyWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_key_waits_total",
+			Help: "Tasks whose key expression failed on a limit with on_key_error: wait, so that they went back to Redis to wait (not failed), by gate (drain:<queue>, quota:<name>).",
+		}, []string{"gate"}),
 	}
-	reg.MustRegister(m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }

@@ -293,13 +293,16 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 		// task, which waits in Redis and runs again once it has its slots.
 		return s.waitInRedis(ctx, t, queue, id, 0)
 	}
+	var busy *UpstreamBusyError
 	result := "ok"
-	if err != nil {
+	switch {
+	case errors.As(err, &busy):
+		result = "upstream_busy" // the upstream said "not now": not the task's failure
+	case err != nil:
 		result = "error"
 	}
 	tk.complete(result)
-	var busy *UpstreamBusyError
-	if errors.As(err, &busy) {
+	if busy != nil {
 		return s.upstreamBusy(ctx, gs, queue, id, t, busy)
 	}
 	return err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -29,8 +30,12 @@ var errWaitInRedis = errors.New("jobs: task must wait and could not be requeued"
 type waitError struct{ wait time.Duration }
 
 func (e *waitError) Error() string {
-	return fmt.Sprintf("sluice: waiting %v in Redis for its turn (not a failure)", e.wait.Round(time.Millisecond))
+	return fmt.Sprintf("%s%v in Redis for its turn (not a failure)", waitErrorPrefix, e.wait.Round(time.Millisecond))
 }
+
+// waitErrorPrefix begins every waitError's text: asynq keeps it as the
+// task's last error, and WaitingTask tells waiting from retries by it.
+const waitErrorPrefix = "sluice: waiting "
 
 // holdResult is how a wait in the worker ended.
 type holdResult int
@@ -367,4 +372,20 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 	}
 	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", longest)
 	return s.waitInRedis(ctx, t, queue, id, longest)
+}
+
+// WaitingTask reports whether a task asynq holds in its retry or scheduled
+// set (info from asynq's Inspector) is waiting there for its turn, sent
+// back by a worker (waitInRedis), rather than retried after a failure or
+// scheduled by its producer: in the retry set, its last error is a wait's;
+// in the scheduled set, it is a copy made for its turn (headerOrigin).
+// asynqmon shows the former as retries all the same.
+func WaitingTask(info *asynq.TaskInfo) bool {
+	switch info.State {
+	case asynq.TaskStateRetry:
+		return strings.HasPrefix(info.LastErr, waitErrorPrefix) || strings.HasPrefix(info.LastErr, errWaitInRedis.Error())
+	case asynq.TaskStateScheduled:
+		return info.Headers[headerOrigin] != ""
+	}
+	return false
 }

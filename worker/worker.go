@@ -59,6 +59,9 @@ type Worker struct {
 	file config.File
 	opts options
 	mux  *asynq.ServeMux
+	// patterns are the task types (or prefixes) handled, for
+	// jobs.CheckHandled.
+	patterns []string
 
 	mu      sync.Mutex
 	started bool
@@ -128,12 +131,13 @@ func (w *Worker) Config() config.File { return w.file }
 // every handler before Run.
 func (w *Worker) Handle(pattern string, handler asynq.Handler) {
 	w.mux.Handle(pattern, handler)
+	w.patterns = append(w.patterns, pattern)
 }
 
 // HandleFunc registers handler for the tasks whose type pattern names; it
 // is shorthand for Handle(pattern, asynq.HandlerFunc(handler)).
 func (w *Worker) HandleFunc(pattern string, handler func(context.Context, *asynq.Task) error) {
-	w.mux.HandleFunc(pattern, handler)
+	w.Handle(pattern, asynq.HandlerFunc(handler))
 }
 
 // Run connects to Redis, serves the configured queues through the gates
@@ -141,8 +145,10 @@ func (w *Worker) HandleFunc(pattern string, handler func(context.Context, *asynq
 // changes, until ctx ends. It then stops taking tasks, waits for running
 // ones (see WithShutdownTimeout) and returns nil. It returns an error if
 // the worker cannot start (the metrics address is taken, Redis refuses
-// the config's login or TLS setup: a *config.RefusedError) or if Run was
-// called before.
+// the config's login or TLS setup: a *config.RefusedError; a task type a
+// handler takes has no tasks: entry while one near its name has no
+// handler, a typo: a *config.Problems, see jobs.CheckHandled) or if Run
+// was called before. A reload with such a typo is refused and logged.
 func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	started := w.started
@@ -152,6 +158,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: Run was called before; a Worker runs once")
 	}
 	log := w.opts.log
+	if err := w.checkHandled(w.file.Jobs); err != nil {
+		return err
+	}
 	rdb := w.file.Redis.Client()
 	defer rdb.Close()
 	// asynq's own client, with keepEnds: asynq closes no client it is given.
@@ -192,6 +201,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	wg.Go(func() { sched.Run(background) })
 	config.Watch(background, w.path, w.file, func(f config.File) {
+		if err := w.checkHandled(f.Jobs); err != nil {
+			log.Error("config change refused; the last good config stays in force", "err", err)
+			return
+		}
 		if err := sched.Apply(f.Jobs); err != nil {
 			log.Error("config change refused; the last good config stays in force", "err", err)
 			return
@@ -213,6 +226,27 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	log.Info("stopping: waiting for running tasks", "timeout", w.opts.shutdownTimeout)
 	srv.Shutdown()
+	return nil
+}
+
+// checkHandled logs what jobs.CheckHandled finds in cfg for the worker's
+// handlers, and refuses a config with a typo in a task type (a
+// *config.Problems): a handled type would run without the limits meant
+// for it, and only a look at the log would tell. The rest is logged, not
+// refused: a fleet may split its task types over programs that share one
+// config.
+func (w *Worker) checkHandled(cfg jobs.Config) error {
+	var typos []error
+	for _, p := range jobs.CheckHandled(cfg, w.patterns) {
+		if p.Typo {
+			typos = append(typos, p)
+			continue
+		}
+		w.opts.log.Warn("a task type of the config is not handled here", "key", p.Key, "problem", p.Problem)
+	}
+	if len(typos) > 0 {
+		return &config.Problems{Path: w.path, Errs: typos}
+	}
 	return nil
 }
 

@@ -122,3 +122,64 @@ tasks:
 		t.Errorf("the metrics server at %s still answers after Run returned", metrics)
 	}
 }
+
+// TestRunRefusesTaskTypeTypo: a typo under tasks: (crm:synk for the
+// handled crm:sync) would let crm:sync run with no quota: Run refuses to
+// start with a *config.Problems naming both, and a reload that makes the
+// typo is refused (the log says so, naming it) while a good config runs.
+// An entry no handler here takes is logged as a warning with what it
+// handles.
+func TestRunRefusesTaskTypeTypo(t *testing.T) {
+	queue := redistest.Queue(t, "typo")
+	configWith := func(taskType string) string {
+		return fmt.Sprintf(`
+redis: {addr: %s}
+worker: {concurrency: 2, metrics_addr: %s}
+queues:
+  %s: {}
+quotas:
+  crm: {limit: 5, period: 1s}
+tasks:
+  %s: {quotas: [crm]}
+  crm:push: {}
+`, redistest.Addr(t), freeAddr(t), queue, taskType)
+	}
+	path := writeConfig(t, configWith("crm:synk"))
+	var log testkit.SyncBuffer
+	w, err := New(path, WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.HandleFunc("crm:sync", func(context.Context, *asynq.Task) error { return nil })
+	// Refused at once; a worker that starts runs until the timeout.
+	started, cancelStarted := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancelStarted()
+	err = w.Run(started)
+	var problems *config.Problems
+	if !errors.As(err, &problems) || !strings.Contains(err.Error(), "tasks.crm:sync: this worker handles \"crm:sync\", which has no entry under tasks:") ||
+		!strings.Contains(err.Error(), "tasks.crm:synk is near it") {
+		t.Fatalf("Run with a typo under tasks: = %v, want a *config.Problems naming crm:sync and crm:synk", err)
+	}
+	t.Logf("Run: %v", err)
+	if want := `no handler of this worker takes \"crm:push\" (it handles crm:sync)`; !strings.Contains(log.String(), want) {
+		t.Errorf("the log does not warn of crm:push (%s):\n%s", want, log.String())
+	}
+
+	path = writeConfig(t, configWith("crm:sync"))
+	w, err = New(path, WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.HandleFunc("crm:sync", func(context.Context, *asynq.Task) error { return nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Run(ctx) }()
+	defer func() { cancel(); <-stopped }()
+	testkit.WaitFor(t, 10*time.Second, "the worker to run", func() bool { return strings.Contains(log.String(), "worker running") })
+	if err := os.WriteFile(path, []byte(configWith("crm:synk")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "the reload with a typo to be refused", func() bool {
+		return strings.Contains(log.String(), "config change refused") && strings.Contains(log.String(), "tasks.crm:synk is near it")
+	})
+}

@@ -23,15 +23,19 @@ import (
 
 func newStatusCommand(a *app) *cobra.Command {
 	var watch, asJSON bool
-	var keys string
+	var keys, key string
 	var top int
 	cmd := &cobra.Command{
 		Use:   "status [--watch] [--json] [--keys <gate> [--top N]]",
 		Short: "Show the queues, their gates and the live workers",
 		Long: `Show every queue (those in the config and any other asynq knows) with its
 task counts, its drain and the rate its tasks completed at over the last
-minute; every quota with how many events it could admit now; and the live
-workers. --watch refreshes every second until Ctrl-C; --json prints one JSON
+minute; every quota with how many events it could admit now (a keyed one's
+is per key: --keys); and the live workers, with the tasks each runs at once
+(worker.concurrency) and may hold waiting (worker.waiting). WAITING counts
+the tasks waiting in Redis for their turn: asynq, and asynqmon, hold them as
+retries (or as scheduled copies), and RETRY and SCHEDULED here do not count
+them (up to ` + fmt.Sprint(maxClassified) + ` of each set are read; "+" if there were more). --watch refreshes every second until Ctrl-C; --json prints one JSON
 document (with --watch, one per line).
 
 --keys <gate> shows instead the busiest key values of a keyed gate, named as
@@ -42,13 +46,18 @@ booked on it for turns still to come (a fair queue: and the tasks in the
 key's line; "-" where the algorithm does not tell), THROTTLED, the events it
 throttled in the last minute (counted in 10s steps), and whether it can admit
 one now. The most throttled first, then the most waiting; --top of them
-(default 20, at most ` + fmt.Sprint(jobs.MaxKeyLoads) + `). It scans the gate's keys in Redis (SCAN).`,
+(default 20, at most ` + fmt.Sprint(jobs.MaxKeyLoads) + `). It scans the gate's keys in Redis (SCAN).
+--key VALUE shows that key value's row only: a limit with hash_keys keeps
+its values by their hashes (sha256:...), and --key hashes VALUE to find it.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return badInput(fmt.Errorf("status takes no arguments, got %q", args))
 			}
 			if cmd.Flags().Changed("top") && keys == "" {
 				return badInput(fmt.Errorf("--top is for --keys <gate>"))
+			}
+			if cmd.Flags().Changed("key") && (keys == "" || cmd.Flags().Changed("top")) {
+				return badInput(fmt.Errorf("--key is for --keys <gate>, without --top"))
 			}
 			if top < 1 || top > jobs.MaxKeyLoads {
 				return badInput(fmt.Errorf("--top must be from 1 to %d, got %d", jobs.MaxKeyLoads, top))
@@ -57,7 +66,7 @@ one now. The most throttled first, then the most waiting; --top of them
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if keys != "" {
-				return a.keyStatus(cmd, keys, top, watch, asJSON)
+				return a.keyStatus(cmd, keys, top, cmd.Flags().Changed("key"), key, watch, asJSON)
 			}
 			return a.status(cmd, watch, asJSON)
 		},
@@ -66,6 +75,7 @@ one now. The most throttled first, then the most waiting; --top of them
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&keys, "keys", "", "show the busiest keys of this keyed gate (drain:<queue>, quota:<name>, fair:<queue>, concurrency:type:<type>)")
 	cmd.Flags().IntVar(&top, "top", 20, "with --keys: how many keys to show")
+	cmd.Flags().StringVar(&key, "key", "", "with --keys: show this key value only (hashed to find it where the limit has hash_keys)")
 	return cmd
 }
 
@@ -78,17 +88,25 @@ type snapshot struct {
 }
 
 type queueStatus struct {
-	Name        string      `json:"name"`
-	Configured  bool        `json:"configured"` // in config.yaml, so workers serve it
-	Paused      bool        `json:"paused"`
-	Pending     int         `json:"pending"`
-	Scheduled   int         `json:"scheduled"`
-	Retry       int         `json:"retry"`
-	Active      int         `json:"active"`
-	Archived    int         `json:"archived"`
-	Aggregating int         `json:"aggregating"`
-	Completed   int         `json:"completed"` // kept for their retention
-	Drain       *gateStatus `json:"drain"`     // null: not rate-limited
+	Name       string `json:"name"`
+	Configured bool   `json:"configured"` // in config.yaml, so workers serve it
+	Paused     bool   `json:"paused"`
+	Pending    int    `json:"pending"`
+	// Waiting are the tasks waiting in Redis for their turn, sent back by
+	// a worker: asynq holds them as retries (or, those with no retry
+	// left, as scheduled copies), counted apart here (jobs.WaitingTask).
+	Waiting int `json:"waiting"`
+	// WaitingAtLeast: the retry or scheduled set held more than
+	// maxClassified tasks, and only that many were looked at: Waiting is a
+	// lower bound.
+	WaitingAtLeast bool        `json:"waiting_at_least,omitempty"`
+	Scheduled      int         `json:"scheduled"` // by their producer
+	Retry          int         `json:"retry"`     // after a failure
+	Active         int         `json:"active"`
+	Archived       int         `json:"archived"`
+	Aggregating    int         `json:"aggregating"`
+	Completed      int         `json:"completed"` // kept for their retention
+	Drain          *gateStatus `json:"drain"`     // null: not rate-limited
 	// RatePerSecond is the rate at which the fleet completed the queue's
 	// tasks over the last minute.
 	RatePerSecond float64 `json:"rate_per_second"`
@@ -101,18 +119,25 @@ type gateStatus struct {
 	Limit     int    `json:"limit"`
 	Period    string `json:"period"`
 	Burst     int    `json:"burst,omitempty"` // the buckets' size
-	Level     int    `json:"level"`           // how many events it could admit now
-	Capacity  int    `json:"capacity"`        // the most it can admit at once
+	// Level is how many events it could admit now; null for a keyed
+	// limit, whose level is per key value (status --keys).
+	Level    *int   `json:"level"`
+	Capacity int    `json:"capacity"`      // the most it can admit at once
+	Key      string `json:"key,omitempty"` // a keyed limit's key expression
 }
 
 type workerStatus struct {
-	Host        string         `json:"host"`
-	PID         int            `json:"pid"`
-	Concurrency int            `json:"concurrency"`
-	Active      int            `json:"active"` // tasks running now
-	Queues      map[string]int `json:"queues"` // name -> priority
-	Started     time.Time      `json:"started"`
-	Status      string         `json:"status"`
+	Host string `json:"host"`
+	PID  int    `json:"pid"`
+	// Concurrency is how many tasks it runs at once (worker.concurrency);
+	// WaitingSlots how many more it may hold waiting for their turn
+	// (worker.waiting). asynq counts both as its concurrency.
+	Concurrency  int            `json:"concurrency"`
+	WaitingSlots int            `json:"waiting_slots"`
+	Active       int            `json:"active"` // tasks running or waiting in the worker now
+	Queues       map[string]int `json:"queues"` // name -> priority
+	Started      time.Time      `json:"started"`
+	Status       string         `json:"status"`
 }
 
 // status prints one snapshot, or one a second with watch until ctx is done.
@@ -126,8 +151,11 @@ func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
 
 // keysSnapshot is what status --keys shows.
 type keysSnapshot struct {
-	Time time.Time   `json:"time"`
-	Gate string      `json:"gate"`
+	Time time.Time `json:"time"`
+	Gate string    `json:"gate"`
+	// Key, with --key, is the key asked for as the gate keeps it (hashed
+	// with hash_keys).
+	Key  *string     `json:"key,omitempty"`
 	Keys []keyStatus `json:"keys"`
 }
 
@@ -140,12 +168,24 @@ type keyStatus struct {
 	Remaining int  `json:"remaining"`
 }
 
-// keyStatus prints the busiest keys of gate, or does so every second with
-// watch until ctx is done.
-func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, watch, asJSON bool) error {
+// keyStatus prints the busiest keys of gate (with one, value's only), or
+// does so every second with watch until ctx is done.
+func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, one bool, value string, watch, asJSON bool) error {
 	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
 		s := keysSnapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Gate: gate, Keys: []keyStatus{}}
-		loads, err := jobs.KeyLoads(ctx, rdb, cfg, gate, top)
+		var loads []throttle.KeyLoad
+		var err error
+		if one {
+			var l throttle.KeyLoad
+			var found bool
+			l, found, err = jobs.KeyLoadOf(ctx, rdb, cfg, gate, value)
+			if found {
+				loads = append(loads, l)
+			}
+			s.Key = &l.Key
+		} else {
+			loads, err = jobs.KeyLoads(ctx, rdb, cfg, gate, top)
+		}
 		if err != nil {
 			return s, err
 		}
@@ -222,11 +262,19 @@ func (a *app) watch(cmd *cobra.Command, watch, asJSON bool, take func(context.Co
 
 func printKeys(w io.Writer, s keysSnapshot) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	if len(s.Keys) == 0 {
+	switch {
+	case len(s.Keys) == 0 && s.Key != nil:
+		fmt.Fprintf(tw, "KEY %s OF %s at %s: none (it holds no state and throttled no task in the last minute)\n", *s.Key, s.Gate, s.Time.Local().Format(time.DateTime))
+		return tw.Flush()
+	case len(s.Keys) == 0:
 		fmt.Fprintf(tw, "KEYS OF %s at %s: none (no key holds state or throttled a task in the last minute)\n", s.Gate, s.Time.Local().Format(time.DateTime))
 		return tw.Flush()
 	}
-	fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
+	if s.Key != nil {
+		fmt.Fprintf(tw, "KEY %s OF %s at %s\n", *s.Key, s.Gate, s.Time.Local().Format(time.DateTime))
+	} else {
+		fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
+	}
 	fmt.Fprintln(tw, "KEY\tWAITING\tTHROTTLED (1m)\tCAN ADMIT NOW")
 	for _, k := range s.Keys {
 		waiting, admit := "-", "no"
@@ -274,11 +322,14 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 			}
 			q.Paused, q.Pending, q.Scheduled, q.Retry = info.Paused, info.Pending, info.Scheduled, info.Retry
 			q.Active, q.Archived, q.Aggregating, q.Completed = info.Active, info.Archived, info.Aggregating, info.Completed
+			if err := countWaiting(inspector, &q); err != nil {
+				return s, fmt.Errorf("queue %q: %w", name, err)
+			}
 		}
 		if qc, ok := cfg.Queues[name]; ok {
 			q.Configured = true
 			if qc.Drain != nil {
-				g := newGateStatus("", *qc.Drain, levels["drain:"+name])
+				g := newGateStatus("", *qc.Drain, levels, "drain:"+name)
 				q.Drain = &g
 			}
 		}
@@ -290,17 +341,21 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		s.Queues = append(s.Queues, q)
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Quotas)) {
-		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels["quota:"+name]))
+		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels, "quota:"+name))
 	}
 	servers, err := inspector.Servers()
 	if err != nil {
 		return s, fmt.Errorf("listing workers: %w", err)
 	}
 	for _, srv := range servers {
-		s.Workers = append(s.Workers, workerStatus{
-			Host: srv.Host, PID: srv.PID, Concurrency: srv.Concurrency, Active: len(srv.ActiveWorkers),
-			Queues: srv.Queues, Started: srv.Started.UTC(), Status: srv.Status,
-		})
+		wk := workerStatus{Host: srv.Host, PID: srv.PID, Concurrency: srv.Concurrency, Active: len(srv.ActiveWorkers),
+			Queues: srv.Queues, Started: srv.Started.UTC(), Status: srv.Status}
+		if run, wait := cfg.Worker.Concurrency, cfg.Worker.Waiting; srv.Concurrency == run+wait {
+			// asynq's concurrency is the worker's slots that run handlers
+			// and those that hold tasks waiting (jobs.Scheduler.AsynqConfig).
+			wk.Concurrency, wk.WaitingSlots = run, wait
+		}
+		s.Workers = append(s.Workers, wk)
 	}
 	slices.SortFunc(s.Workers, func(a, b workerStatus) int {
 		if c := strings.Compare(a.Host, b.Host); c != 0 {
@@ -311,8 +366,59 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 	return s, nil
 }
 
-func newGateStatus(name string, l jobs.LimitConfig, level int) gateStatus {
-	g := gateStatus{Name: name, Algorithm: l.Algorithm, Limit: l.Limit, Period: shortDuration(l.Period), Level: level, Capacity: l.Limit}
+// maxClassified bounds how many tasks of a queue's retry set, and of its
+// scheduled set, status reads to tell those waiting for their turn.
+const maxClassified = 10_000
+
+// classifyPage is how many tasks status reads at once to classify them.
+const classifyPage = 1000
+
+// countWaiting moves q's tasks that wait in Redis for their turn out of
+// its Retry and Scheduled counts into Waiting, reading at most
+// maxClassified of each set (asynq's retry set holds ids; their last
+// errors are in the tasks' hashes, read a page at a time).
+func countWaiting(inspector *asynq.Inspector, q *queueStatus) error {
+	count := func(total int, list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)) (int, error) {
+		waiting := 0
+		for page := 1; (page-1)*classifyPage < min(total, maxClassified); page++ {
+			infos, err := list(q.Name, asynq.PageSize(classifyPage), asynq.Page(page))
+			if err != nil {
+				return 0, err
+			}
+			for _, info := range infos {
+				if jobs.WaitingTask(info) {
+					waiting++
+				}
+			}
+			if len(infos) < classifyPage {
+				break
+			}
+		}
+		q.WaitingAtLeast = q.WaitingAtLeast || total > maxClassified
+		return min(waiting, total), nil // tasks move while the pages are read
+	}
+	inRetry, err := count(q.Retry, inspector.ListRetryTasks)
+	if err != nil {
+		return fmt.Errorf("reading its retry set: %w", err)
+	}
+	inScheduled, err := count(q.Scheduled, inspector.ListScheduledTasks)
+	if err != nil {
+		return fmt.Errorf("reading its scheduled set: %w", err)
+	}
+	q.Retry -= inRetry
+	q.Scheduled -= inScheduled
+	q.Waiting = inRetry + inScheduled
+	return nil
+}
+
+// newGateStatus is limit l, named name if a quota, with its level from
+// levels by its gate's name (drain:<queue>, quota:<name>); none if it is
+// keyed.
+func newGateStatus(name string, l jobs.LimitConfig, levels map[string]int, gate string) gateStatus {
+	g := gateStatus{Name: name, Algorithm: l.Algorithm, Limit: l.Limit, Period: shortDuration(l.Period), Capacity: l.Limit, Key: l.Key}
+	if level, ok := levels[gate]; ok && l.Key == "" {
+		g.Level = &level
+	}
 	switch throttle.Algorithm(l.Algorithm) {
 	case throttle.TokenBucket, throttle.LeakyBucket:
 		g.Burst = l.Burst
@@ -333,6 +439,15 @@ func (g gateStatus) describe() string {
 	return s
 }
 
+// admits is the gate's CAN ADMIT NOW: its level, or for a keyed limit
+// where to see it per key value.
+func (g gateStatus) admits(gate string) string {
+	if g.Level == nil {
+		return "per key: status --keys " + gate
+	}
+	return fmt.Sprintf("%d of %d", *g.Level, g.Capacity)
+}
+
 // shortDuration drops String's zero units: 1m, not 1m0s.
 func shortDuration(d time.Duration) string {
 	s := d.String()
@@ -348,7 +463,7 @@ func shortDuration(d time.Duration) string {
 func printSnapshot(w io.Writer, s snapshot) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "QUEUES at %s\n", s.Time.Local().Format(time.DateTime))
-	fmt.Fprintln(tw, "QUEUE\tPENDING\tSCHEDULED\tRETRY\tACTIVE\tARCHIVED\tDONE/S (1m)\tDRAIN\tCAN ADMIT NOW")
+	fmt.Fprintln(tw, "QUEUE\tPENDING\tWAITING\tSCHEDULED\tRETRY\tACTIVE\tARCHIVED\tDONE/S (1m)\tDRAIN\tCAN ADMIT NOW")
 	for _, q := range s.Queues {
 		name, drain, level := q.Name, "none", "-"
 		if q.Paused {
@@ -359,15 +474,19 @@ func printSnapshot(w io.Writer, s snapshot) error {
 			drain = "not in config: no worker serves it"
 		case q.Drain != nil:
 			drain = q.Drain.describe()
-			level = fmt.Sprintf("%d of %d", q.Drain.Level, q.Drain.Capacity)
+			level = q.Drain.admits("drain:" + q.Name)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.2f\t%s\t%s\n", name, q.Pending, q.Scheduled, q.Retry, q.Active, q.Archived, q.RatePerSecond, drain, level)
+		waiting := fmt.Sprint(q.Waiting)
+		if q.WaitingAtLeast {
+			waiting += "+"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%.2f\t%s\t%s\n", name, q.Pending, waiting, q.Scheduled, q.Retry, q.Active, q.Archived, q.RatePerSecond, drain, level)
 	}
 	fmt.Fprintln(tw)
 	if len(s.Quotas) > 0 {
 		fmt.Fprintln(tw, "QUOTA\tLIMIT\tCAN ADMIT NOW")
 		for _, g := range s.Quotas {
-			fmt.Fprintf(tw, "%s\t%s\t%d of %d\n", g.Name, g.describe(), g.Level, g.Capacity)
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.Name, g.describe(), g.admits("quota:"+g.Name))
 		}
 		fmt.Fprintln(tw)
 	}
@@ -377,7 +496,11 @@ func printSnapshot(w io.Writer, s snapshot) error {
 	}
 	fmt.Fprintln(tw, "WORKER HOST\tPID\tCONCURRENCY\tACTIVE\tSTARTED\tUP\tSTATUS")
 	for _, wk := range s.Workers {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", wk.Host, wk.PID, wk.Concurrency, wk.Active,
+		concurrency := fmt.Sprint(wk.Concurrency)
+		if wk.WaitingSlots > 0 {
+			concurrency += fmt.Sprintf(" (+%d waiting)", wk.WaitingSlots)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\n", wk.Host, wk.PID, concurrency, wk.Active,
 			wk.Started.Local().Format(time.DateTime), s.Time.Sub(wk.Started).Truncate(time.Second), wk.Status)
 	}
 	return tw.Flush()

@@ -179,14 +179,16 @@ type task struct {
 }
 
 // payloadChecker knows the task types and checks their payloads: a
-// config.File, from the built-in types' rules and the config's schemas.
+// config.File, from the built-in types' rules and the config's schemas,
+// and the keys of the keyed limits a task would meet.
 type payloadChecker interface {
 	CheckPayload(typ string, payload []byte) error
+	CheckKeys(queue, typ string, payload []byte) error
 	TaskTypes() []string
 }
 
-// newTask checks typ and payload with check and returns the task. An empty
-// payload is none.
+// newTask checks typ and payload with check (its schema, and its keys in
+// queue) and returns the task. An empty payload is none.
 func newTask(typ string, payload []byte, queue string, o taskOptions, check payloadChecker) (task, error) {
 	if len(bytes.TrimSpace(payload)) == 0 {
 		payload = nil
@@ -201,6 +203,9 @@ func newTask(typ string, payload []byte, queue string, o taskOptions, check payl
 			return task{}, fmt.Errorf("%s: payload: %w", typ, err)
 		}
 		payload = b.Bytes()
+	}
+	if err := check.CheckKeys(queue, typ, payload); err != nil {
+		return task{}, err
 	}
 	opts := append(slices.Clip(o.opts), asynq.Queue(queue))
 	return task{queue: queue, taskID: o.taskID, group: o.group, task: asynq.NewTask(typ, payload), opts: opts}, nil

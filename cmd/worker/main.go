@@ -137,6 +137,9 @@ func serve(cmd *cobra.Command, f flags) error {
 		go runDemo(ctx, file.Redis.AsynqOpt(), file.Jobs, f.demo, cmd.OutOrStdout(), log)
 	}
 	if err := w.Run(ctx); err != nil {
+		if errors.As(err, new(*config.Problems)) {
+			return cli.BadInput(err) // a typo in a task type (jobs.CheckHandled)
+		}
 		return cannotRun(err)
 	}
 	return nil

@@ -1,11 +1,12 @@
 // Package testkit holds what tests across sluice's packages share beyond
 // Redis (see redistest): a clock they move by hand, polling for a
-// condition, noting and measuring a timeline, and a certificate authority
+// condition, noting and measuring a timeline, a log buffer, and a certificate authority
 // for TLS.
 package testkit
 
 import (
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -141,4 +142,23 @@ func (tl *Timeline) Distinct() int {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	return len(tl.at)
+}
+
+// SyncBuffer is a log's output that a test reads while the code under
+// test writes it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
