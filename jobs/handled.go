@@ -57,7 +57,7 @@ func CheckHandled(cfg Config, patterns []string) []HandlerProblem {
 		typoOf[near] = p
 		problems = append(problems, HandlerProblem{Key: "tasks." + p, Typo: true, Problem: fmt.Sprintf(
 			"this worker handles %q, which has no entry under tasks:, so it runs with none of its limits (quotas, cost, concurrency); "+
-				"tasks.%s is near it and no handler of this worker takes it: is one of them a typo?", p, near)})
+				"tasks.%s is near it and no handler of this worker takes it: is one of them a typo? (If not, give %[1]q an entry of its own under tasks:, even an empty one.)", p, near)})
 	}
 	for _, typ := range unhandled {
 		if _, typo := typoOf[typ]; typo {

@@ -28,7 +28,7 @@ func TestCheckHandled(t *testing.T) {
 		{desc: "all handled", cfg: tasks("crm:sync", "email:send"), patterns: []string{"crm:sync", "email:"}},
 		{desc: "a handled type with no entry and no near one is usual", cfg: tasks("crm:sync"), patterns: []string{"crm:sync", "demo:noop"}},
 		{desc: "typo under tasks", cfg: tasks("crm:synk"), patterns: []string{"crm:sync"},
-			want: []string{`typo tasks.crm:sync: this worker handles "crm:sync", which has no entry under tasks:, so it runs with none of its limits (quotas, cost, concurrency); tasks.crm:synk is near it and no handler of this worker takes it: is one of them a typo?`}},
+			want: []string{`typo tasks.crm:sync: this worker handles "crm:sync", which has no entry under tasks:, so it runs with none of its limits (quotas, cost, concurrency); tasks.crm:synk is near it and no handler of this worker takes it: is one of them a typo? (If not, give "crm:sync" an entry of its own under tasks:, even an empty one.)`}},
 		{desc: "an entry another worker may handle", cfg: tasks("crm:sync", "pdf:render"), patterns: []string{"crm:sync"},
 			want: []string{`tasks.pdf:render: no handler of this worker takes "pdf:render" (it handles crm:sync); its limits apply only if another worker of the fleet handles it`}},
 		{desc: "an entry near a handled type that has its own entry", cfg: tasks("crm:sync", "crm:synk"), patterns: []string{"crm:sync"},
