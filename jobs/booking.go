@@ -29,13 +29,15 @@ type booking struct {
 	ready  time.Time              // on our clock: when its turns come (zero: it has no gates)
 	at     time.Time              // the same instant on the limiters' clock (zero: lent, or no gates)
 	// askIn, if > 0, is how soon to ask the gates again: no turn within
-	// worker.reserve_max, or Redis could not decide.
+	// worker.reserve_max (the task's place in its gate's backlog line), or
+	// Redis could not decide.
 	askIn time.Duration
 	// line, if not nil: the task's key holds its fair share of the drain;
 	// the task waits in its key's line.
 	line *lineSpot
-	// noted: its turn is too far to wait for in the worker, and the
-	// booking noted it in the wake set already: it goes back to Redis.
+	// noted: its turn is too far to wait for in the worker (or, with
+	// askIn, its place in a backlog line), and it is noted in the wake set
+	// already: it goes back to Redis.
 	noted bool
 }
 
@@ -98,6 +100,12 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 // book, for a task that was not lent one.
 func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool, r *route, claims []claim, vars *taskVars) (booking, error) {
 	cost, bid := r.cost, bookingID(queue, id, t)
+	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
+	if backlogs && fresh(ctx, t) {
+		if b, ok := s.backlogged(ctx, queue, id, claims, cost); ok {
+			return b, nil
+		}
+	}
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {
 		spot = &lineSpot{fair: f, key: s.keyOf(f.name, f.expr, vars), booking: bid, cost: cost}
@@ -174,6 +182,11 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 		for i, turn := range turns {
 			if turn.Delay > turns[refused].Delay {
 				refused = i
+			}
+		}
+		if backlogs {
+			if b, ok := s.deferToLine(ctx, queue, id, claims[refused], cost, bk); ok {
+				return b, nil
 			}
 		}
 		s.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()
