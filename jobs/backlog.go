@@ -20,17 +20,17 @@ import (
 // refusal found. It rests in Redis (asynq's retry schedule, noted in the
 // wake set) until just before that instant and books then, once, near its
 // turn. While a line reaches further than a worker would hold a task for,
-// the fresh tasks of its gate take tickets behind it without booking, so
-// that none of them takes a turn the line's tasks are due to book. A
+// the fresh tasks of its gate book only a turn they would hold for (so a
+// task back for a turn it booked gets it, and gaps are filled) and take
+// tickets behind the line otherwise: none of them takes a turn the line's
+// tasks are due to book. A
 // refused task used to ask again about a second later, every second, all
 // of them alike, until its turn came: thousands of bookings a second for a
 // deep backlog.
 //
-// A line is a sorted set per gate (and key value) in the queue's cluster
-// slot, next to its wake set: the member "t" scored with the instant after
-// the last ticket, on the limiters' clock, in µs, and each task that holds
-// a ticket ("i:<id>", scored with its ticket), so that it books when it is
-// back. Tickets are
+// A line is one small sorted set per gate (and key value) in the queue's
+// cluster slot, next to its wake set: the member "t" scored with the
+// instant after the last ticket, on the limiters' clock, in µs. Tickets are
 // taken with plain commands (ZADD GT, ZINCRBY): no script run. The
 // limiters stay the judge: a ticket is only when to ask. A task whose
 // worker died, or whose waker did, comes back on asynq's own schedule, a
@@ -104,11 +104,13 @@ func (v *lineViews) note(key string, tail int64, now time.Time) {
 	v.tails[key] = lineView{tail: tail, read: now}
 }
 
-// backlogged puts a fresh task in the longest of its gates' lines, if one
-// reaches further than a worker holds tasks for: the task would otherwise
-// book a turn that the line's tasks are due to take. ok is false when no
-// line does, or Redis failed (the task books).
-func (s *Scheduler) backlogged(ctx context.Context, queue, id string, claims []claim, cost int) (booking, bool) {
+// activeLine returns the longest of a fresh task's gates' lines, if one
+// reaches further than a worker holds tasks for: the task then books only a
+// turn it holds for (one kept under its booking ID, or a gap the line's
+// tasks left), and otherwise takes a ticket behind the line: a turn further
+// on is one the line's tasks are due to take. ok is false when no line does,
+// or Redis failed (the task books as usual).
+func (s *Scheduler) activeLine(ctx context.Context, queue string, claims []claim, cost int) (backlogLine, bool) {
 	var lines []backlogLine
 	for _, c := range claims {
 		if l, ok := lineOf(queue, c, cost); ok {
@@ -118,7 +120,7 @@ func (s *Scheduler) backlogged(ctx context.Context, queue, id string, claims []c
 	now := s.clock.Now()
 	tails, err := s.readLines(ctx, lines, now)
 	if err != nil {
-		return booking{}, false
+		return backlogLine{}, false
 	}
 	limitersNow := s.lines.limitersNow(now)
 	longest := -1
@@ -128,29 +130,10 @@ func (s *Scheduler) backlogged(ctx context.Context, queue, id string, claims []c
 		}
 	}
 	if longest < 0 {
-		return booking{}, false
+		return backlogLine{}, false
 	}
-	// A task back for its ticket looks fresh to asynq's counts (waiting is
-	// no failure): its ticket, taken from its line, tells it apart.
-	pipe := s.rdb.Pipeline()
-	held := make([]*redis.IntCmd, len(lines))
-	for i, l := range lines {
-		held[i] = pipe.ZRem(ctx, l.key, lineMember(id))
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return booking{}, false
-	}
-	for _, h := range held {
-		if h.Val() > 0 {
-			return booking{}, false
-		}
-	}
-	b, err := s.joinLine(ctx, queue, id, lines[longest], 0, limitersNow)
-	return b, err == nil
+	return lines[longest], true
 }
-
-// lineMember is task id's ticket in a line.
-func lineMember(id string) string { return "i:" + id }
 
 // readLines returns the tails of lines (0 for none), read again from Redis
 // for those whose view is older than lineViewFresh, with Redis's clock.
@@ -193,18 +176,23 @@ func (s *Scheduler) readLines(ctx context.Context, lines []backlogLine, now time
 	return tails, nil
 }
 
-// deferToLine puts a task whose booking bk was refused in the line of its
-// refusing claim, from the earliest turn the refusal found.
-func (s *Scheduler) deferToLine(ctx context.Context, queue, id string, c claim, cost int, bk throttle.Booking) (booking, bool) {
-	l, ok := lineOf(queue, c, cost)
-	if !ok {
-		return booking{}, false
+// deferToLine puts a task whose booking bk was refused in line l (active:
+// a line ahead of it), or in the line of its refusing claim c from the
+// earliest turn the refusal found.
+func (s *Scheduler) deferToLine(ctx context.Context, queue, id string, l backlogLine, active bool, c claim, cost int, bk throttle.Booking) (booking, bool) {
+	from := int64(0)
+	if !active {
+		var ok bool
+		if l, ok = lineOf(queue, c, cost); !ok {
+			return booking{}, false
+		}
+		from = bk.At.UnixMicro()
 	}
 	limitersNow := bk.At.Add(-bk.Delay).UnixMicro()
 	s.lines.mu.Lock()
 	s.lines.ahead = limitersNow - s.clock.Now().UnixMicro()
 	s.lines.mu.Unlock()
-	b, err := s.joinLine(ctx, queue, id, l, bk.At.UnixMicro(), limitersNow)
+	b, err := s.joinLine(ctx, queue, id, l, from, limitersNow)
 	return b, err == nil
 }
 
@@ -238,7 +226,6 @@ func (s *Scheduler) joinLine(ctx context.Context, queue, id string, l backlogLin
 		_, _ = pipe.Exec(ctx)
 		return booking{askIn: wait}, nil
 	}
-	pipe.ZAdd(ctx, l.key, redis.Z{Score: float64(ticket), Member: lineMember(id)})
 	pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(due), Member: id})
 	if _, err := pipe.Exec(ctx); err != nil {
 		s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)

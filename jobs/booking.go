@@ -101,9 +101,12 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool, r *route, claims []claim, vars *taskVars) (booking, error) {
 	cost, bid := r.cost, bookingID(queue, id, t)
 	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
+	reserveMax := gs.cfg.Worker.ReserveMax
+	var line backlogLine
+	var lineAhead bool
 	if backlogs && fresh(ctx, t) {
-		if b, ok := s.backlogged(ctx, queue, id, claims, cost); ok {
-			return b, nil
+		if line, lineAhead = s.activeLine(ctx, queue, claims, cost); lineAhead {
+			reserveMax = alwaysHold
 		}
 	}
 	var spot *lineSpot
@@ -135,7 +138,7 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 		// noted under the copy's id.)
 		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], id, requeueLead, s.holdsUpTo(ctx, gs, queue)))
 	}
-	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, gs.cfg.Worker.ReserveMax, opts...)
+	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, reserveMax, opts...)
 	elapsed := time.Since(start).Seconds()
 	for _, c := range claims {
 		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
@@ -185,7 +188,7 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 			}
 		}
 		if backlogs {
-			if b, ok := s.deferToLine(ctx, queue, id, claims[refused], cost, bk); ok {
+			if b, ok := s.deferToLine(ctx, queue, id, line, lineAhead, claims[refused], cost, bk); ok {
 				return b, nil
 			}
 		}
