@@ -118,11 +118,21 @@ func (s *Scheduler) activeLine(ctx context.Context, queue string, claims []claim
 		}
 	}
 	now := s.clock.Now()
-	tails, err := s.readLines(ctx, lines, now)
+	// Most queues have no line: one look (a second old at most) at the
+	// furthest tail of the queue's lines says so.
+	furthest, err := s.readLines(ctx, []string{queueLines(queue)}, now)
+	limitersNow := s.lines.limitersNow(now)
+	if err != nil || furthest[0] <= limitersNow+alwaysHold.Microseconds() {
+		return backlogLine{}, false
+	}
+	keys := make([]string, len(lines))
+	for i, l := range lines {
+		keys[i] = l.key
+	}
+	tails, err := s.readLines(ctx, keys, now)
 	if err != nil {
 		return backlogLine{}, false
 	}
-	limitersNow := s.lines.limitersNow(now)
 	longest := -1
 	for i, tail := range tails {
 		if tail > limitersNow+alwaysHold.Microseconds() && (longest < 0 || tail > tails[longest]) {
@@ -135,14 +145,19 @@ func (s *Scheduler) activeLine(ctx context.Context, queue string, claims []claim
 	return lines[longest], true
 }
 
-// readLines returns the tails of lines (0 for none), read again from Redis
-// for those whose view is older than lineViewFresh, with Redis's clock.
-func (s *Scheduler) readLines(ctx context.Context, lines []backlogLine, now time.Time) ([]int64, error) {
-	tails := make([]int64, len(lines))
+// queueLines is where the furthest tail of a queue's lines is kept (the
+// member "t" of a sorted set), in the queue's slot.
+func queueLines(queue string) string { return throttle.Key("sluice:backlog:", queue) }
+
+// readLines returns the tails of the lines keys (0 for none), read again
+// from Redis for those whose view is older than lineViewFresh, with Redis's
+// clock.
+func (s *Scheduler) readLines(ctx context.Context, keys []string, now time.Time) ([]int64, error) {
+	tails := make([]int64, len(keys))
 	var stale []int
 	s.lines.mu.Lock()
-	for i, l := range lines {
-		v, ok := s.lines.tails[l.key]
+	for i, key := range keys {
+		v, ok := s.lines.tails[key]
 		if !ok || now.Sub(v.read) >= lineViewFresh {
 			stale = append(stale, i)
 		}
@@ -155,7 +170,7 @@ func (s *Scheduler) readLines(ctx context.Context, lines []backlogLine, now time
 	pipe := s.rdb.Pipeline()
 	scores := make([]*redis.FloatCmd, len(stale))
 	for j, i := range stale {
-		scores[j] = pipe.ZScore(ctx, lines[i].key, lineTail)
+		scores[j] = pipe.ZScore(ctx, keys[i], lineTail)
 	}
 	var clock *redis.TimeCmd
 	if !s.injected {
@@ -171,7 +186,7 @@ func (s *Scheduler) readLines(ctx context.Context, lines []backlogLine, now time
 	}
 	for j, i := range stale {
 		tails[i] = int64(scores[j].Val()) // 0 if there is none
-		s.lines.note(lines[i].key, tails[i], now)
+		s.lines.note(keys[i], tails[i], now)
 	}
 	return tails, nil
 }
@@ -220,7 +235,11 @@ func (s *Scheduler) joinLine(ctx context.Context, queue, id string, l backlogLin
 	wait := time.Duration(max(due-limitersNow, 1000)) * time.Microsecond
 	s.metrics.decisions.WithLabelValues(l.gate, "deferred").Inc()
 	pipe = s.rdb.Pipeline()
-	pipe.PExpire(ctx, l.key, time.Duration(tail-limitersNow)*time.Microsecond+lineLife)
+	life := time.Duration(tail-limitersNow)*time.Microsecond + lineLife
+	pipe.PExpire(ctx, l.key, life)
+	pipe.ZAddGT(ctx, queueLines(queue), redis.Z{Score: float64(tail), Member: lineTail})
+	pipe.ExpireNX(ctx, queueLines(queue), life)
+	pipe.ExpireGT(ctx, queueLines(queue), life)
 	if exhausted(ctx) {
 		// Back as a copy, under another id: it books.
 		_, _ = pipe.Exec(ctx)
