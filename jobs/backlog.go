@@ -106,9 +106,10 @@ func (v *lineViews) note(key string, tail int64, now time.Time) {
 
 // activeLine returns the longest of a fresh task's gates' lines, if one
 // reaches further than a worker holds tasks for: the task then books only a
-// turn it holds for (one kept under its booking ID, or a gap the line's
-// tasks left), and otherwise takes a ticket behind the line: a turn further
-// on is one the line's tasks are due to take. ok is false when no line does,
+// turn it would wait for in the worker (its ticket's, if it is back for
+// one; one kept under its booking ID; or a gap the line's tasks left), and
+// otherwise takes a ticket behind the line: a turn further on is one the
+// line's tasks are due to take. ok is false when no line does,
 // or Redis failed (the task books as usual).
 func (s *Scheduler) activeLine(ctx context.Context, queue string, claims []claim, cost int) (backlogLine, bool) {
 	var lines []backlogLine

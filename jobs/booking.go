@@ -106,7 +106,10 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 	var lineAhead bool
 	if backlogs && fresh(ctx, t) {
 		if line, lineAhead = s.activeLine(ctx, queue, claims, cost); lineAhead {
-			reserveMax = alwaysHold
+			// A task back for its ticket (it looks fresh: waiting is no
+			// failure) books its turn, which the waker brought it back for
+			// in time to wait for here.
+			reserveMax = s.holdsUpTo(ctx, gs, queue)
 		}
 	}
 	var spot *lineSpot
