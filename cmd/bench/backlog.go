@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -59,14 +60,22 @@ func runBacklog(ctx context.Context, b *bench) error {
 	if err != nil {
 		return fmt.Errorf("plain asynq: %w", err)
 	}
+	b.progress("backlog: the workers idle")
+	idle, err := backlogAt(ctx, b, binary, dir, 0, false)
+	if err != nil {
+		return fmt.Errorf("idle: %w", err)
+	}
 	fmt.Fprintf(b.out, `
 ### backlog: what a waiting task costs
 
 demo:noop tasks queued up front behind a quota of %d/s (token_bucket, burst %d) on %d worker processes (the real binary, built for the run, default worker settings: concurrency 10, waiting 10, hold_max 1s, reserve_max 1m), the handler doing nothing (an upstream that never refuses). Each depth is measured over %v, from when the workers have taken the backlog (asynq's pending list is empty) and at least %v after they start, or %v for a backlog deeper than the turns of worker.reserve_max (1,200), so that the window covers the tasks that rested in the backlog line (their turns begin after the first minute's): "window from" is that time. Commands and script runs (EVALSHA, EVAL, FCALL) are INFO commandstats deltas over the window, per task completed in it, so they include everything the fleet does meanwhile (asynq's heartbeats and forwarder, sluice's waker); worker CPU is the %d processes' user + system time (/proc) over the window. Keyed: the quota keyed by `+"`type`"+`, every task on that one key value. Plain asynq: %d servers in this process, no gates, draining 10,000 of the same tasks as fast as they can (%.2f script runs and %.1f commands per task). BullMQ 6.7 on the same workload (limiter 20 per 1 s, 3 workers, 20,000 queued, 60 s) made %.1f commands per job, measured for issue 20 on this machine, not by this run.
 
-| quota | queued | window from | delivered/s | of the quota | script runs per task | beyond plain asynq | commands per task | commands/s | worker CPU ms/s |
-|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|
-`, backlogRate, backlogRate, backlogWorkers, backlogWindow, backlogSettle, backlogSettle+backlogHorizon, backlogWorkers, backlogWorkers, plain.scripts, plain.commands, bullMQCommands)
+The same %d workers on the same config with no task at all run %.1f script runs and %.0f commands a second (asynq polling an empty queue every 100 ms, its forwarder and heartbeats, sluice's waker and its watchers, the fleet's housekeeping), whatever the depth: at %d tasks a second that is %.2f script runs and %.1f commands per task. "Net" is per task less that.
+
+| quota | queued | window from | delivered/s | of the quota | script runs per task | beyond plain asynq | net, beyond plain asynq | commands per task | net commands per task | commands/s | worker CPU ms/s |
+|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|
+`, backlogRate, backlogRate, backlogWorkers, backlogWindow, backlogSettle, backlogSettle+backlogHorizon, backlogWorkers, backlogWorkers, plain.scripts, plain.commands, bullMQCommands,
+		backlogWorkers, idle.scripts, idle.commands, backlogRate, idle.scripts/backlogRate, idle.commands/backlogRate)
 	for _, keyed := range []bool{false, true} {
 		for _, depth := range []int{1_000, 10_000, 100_000} {
 			name := "unkeyed"
@@ -78,22 +87,24 @@ demo:noop tasks queued up front behind a quota of %d/s (token_bucket, burst %d) 
 			if err != nil {
 				return fmt.Errorf("%s, %d queued: %w", name, depth, err)
 			}
-			fmt.Fprintf(b.out, "| %s | %s | %.1f s | %.2f | %.1f%% | %.2f | %+.2f | %.1f | %s | %.0f |\n", name, grouped(float64(depth)), r.taken.Seconds(),
-				r.rate, 100*r.rate/backlogRate, r.scripts, r.scripts-plain.scripts, r.commands, grouped(r.commandsPerSecond), r.workerCPU)
+			scripts, commands := r.scripts/r.rate, r.commands/r.rate
+			fmt.Fprintf(b.out, "| %s | %s | %.1f s | %.2f | %.1f%% | %.2f | %+.2f | %.2f | %.1f | %.1f | %s | %.0f |\n", name, grouped(float64(depth)), r.taken.Seconds(),
+				r.rate, 100*r.rate/backlogRate, scripts, scripts-plain.scripts, (r.scripts-idle.scripts)/r.rate-plain.scripts,
+				commands, (r.commands-idle.commands)/r.rate, grouped(r.commands), r.workerCPU)
 		}
 	}
 	return nil
 }
 
-// backlogRun is what one backlog measurement saw, per task completed in
-// its window unless named per second.
+// backlogRun is what one backlog measurement saw over its window, per
+// second (plainBacklog's: per task).
 type backlogRun struct {
-	taken             time.Duration
-	rate              float64
-	scripts           float64
-	commands          float64
-	commandsPerSecond float64
-	workerCPU         float64 // ms per second, the workers together
+	taken    time.Duration
+	rate     float64 // tasks completed
+	scripts  float64
+	commands float64
+	// workerCPU is the workers' CPU time, together, in ms per second.
+	workerCPU float64
 }
 
 // plainBacklog drains 10,000 tasks with plain asynq and returns its
@@ -184,15 +195,15 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 		workers = append(workers, w)
 	}
 	for deadline := start.Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		info, err := inspector.GetQueueInfo(queue)
+		pending, _, err := queueCounts(inspector, queue)
 		if err != nil {
 			return backlogRun{}, err
 		}
-		if info.Pending == 0 && time.Since(start) >= settle {
+		if pending == 0 && time.Since(start) >= settle {
 			break
 		}
 		if time.Now().After(deadline) {
-			return backlogRun{}, fmt.Errorf("%d tasks still pending after 5 minutes", info.Pending)
+			return backlogRun{}, fmt.Errorf("%d tasks still pending after 5 minutes", pending)
 		}
 	}
 	r := backlogRun{taken: time.Since(start)}
@@ -201,7 +212,7 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 		if err != nil {
 			return count, 0, 0, err
 		}
-		info, err := inspector.GetQueueInfo(queue)
+		_, processed, err := queueCounts(inspector, queue)
 		if err != nil {
 			return count, 0, 0, err
 		}
@@ -213,7 +224,7 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 			}
 			cpu += c
 		}
-		return count, info.ProcessedTotal, cpu, nil
+		return count, processed, cpu, nil
 	}
 	c0, done0, cpu0, err := sample()
 	if err != nil {
@@ -230,16 +241,27 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 		return r, err
 	}
 	window := time.Since(from).Seconds()
-	done := float64(done1 - done0)
-	if done == 0 {
+	if depth > 0 && done1 == done0 {
 		return r, fmt.Errorf("no task completed in %v", backlogWindow)
 	}
-	r.rate = done / window
-	r.scripts = float64(c1.scripts-c0.scripts) / done
-	r.commands = float64(c1.all-c0.all) / done
-	r.commandsPerSecond = float64(c1.all-c0.all) / window
+	r.rate = float64(done1-done0) / window
+	r.scripts = float64(c1.scripts-c0.scripts) / window
+	r.commands = float64(c1.all-c0.all) / window
 	r.workerCPU = (cpu1 - cpu0).Seconds() * 1000 / window
 	return r, nil
+}
+
+// queueCounts is how many tasks of queue are pending and how many asynq
+// has processed: none of either for a queue that never had a task.
+func queueCounts(inspector *asynq.Inspector, queue string) (pending, processed int, err error) {
+	info, err := inspector.GetQueueInfo(queue)
+	if errors.Is(err, asynq.ErrQueueNotFound) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return info.Pending, info.ProcessedTotal, nil
 }
 
 // processCPU is the user + system CPU time process pid has used, from
