@@ -2,11 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -254,10 +254,11 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 // queueCounts is how many tasks of queue are pending and how many asynq
 // has processed: none of either for a queue that never had a task.
 func queueCounts(inspector *asynq.Inspector, queue string) (pending, processed int, err error) {
-	info, err := inspector.GetQueueInfo(queue)
-	if errors.Is(err, asynq.ErrQueueNotFound) {
-		return 0, 0, nil
+	queues, err := inspector.Queues()
+	if err != nil || !slices.Contains(queues, queue) {
+		return 0, 0, err
 	}
+	info, err := inspector.GetQueueInfo(queue)
 	if err != nil {
 		return 0, 0, err
 	}
