@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -24,8 +25,15 @@ import (
 // its turn came: about N/(2·rate) asks for a task on average (5 here), each
 // a booking and a note.
 func TestBacklogBooksBoundedTimes(t *testing.T) {
+	for name, rdb := range map[string]redis.UniversalClient{"redis": redistest.Client(t), "cluster": redistest.Cluster(t)} {
+		t.Run(name, func(t *testing.T) { testBacklogBooksBoundedTimes(t, rdb) })
+	}
+}
+
+// testBacklogBooksBoundedTimes is TestBacklogBooksBoundedTimes with the
+// limits on rdb.
+func testBacklogBooksBoundedTimes(t *testing.T, rdb redis.UniversalClient) {
 	queue := redistest.Queue(t, "q")
-	rdb := redistest.Client(t)
 	scripts := &scriptCalls{command: "evalsha"}
 	rdb.AddHook(scripts)
 	s := newScheduler(t, rdb, Config{
@@ -50,6 +58,7 @@ func TestBacklogBooksBoundedTimes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	scripts.count.Store(0)
 	serve(t, s, mux)
 	testkit.WaitFor(t, 60*time.Second, "every task to run", func() bool { return done.Load() == n })
 	perTask := float64(scripts.count.Load()) / n
