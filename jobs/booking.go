@@ -29,13 +29,15 @@ type booking struct {
 	ready  time.Time              // on our clock: when its turns come (zero: it has no gates)
 	at     time.Time              // the same instant on the limiters' clock (zero: lent, or no gates)
 	// askIn, if > 0, is how soon to ask the gates again: no turn within
-	// worker.reserve_max, or Redis could not decide.
+	// worker.reserve_max (the task's place in its gate's backlog line), or
+	// Redis could not decide.
 	askIn time.Duration
 	// line, if not nil: the task's key holds its fair share of the drain;
 	// the task waits in its key's line.
 	line *lineSpot
-	// noted: its turn is too far to wait for in the worker, and the
-	// booking noted it in the wake set already: it goes back to Redis.
+	// noted: its turn is too far to wait for in the worker (or, with
+	// askIn, its place in a backlog line), and it is noted in the wake set
+	// already: it goes back to Redis.
 	noted bool
 }
 
@@ -101,6 +103,18 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *
 // book, for a task that was not lent one.
 func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool, r *route, claims []claim, vars *taskVars) (booking, error) {
 	cost, bid := r.cost, bookingID(queue, id, t)
+	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
+	reserveMax := gs.cfg.Worker.ReserveMax
+	var line backlogLine
+	var lineAhead bool
+	if backlogs && fresh(ctx, t) {
+		if line, lineAhead = s.activeLine(ctx, queue, claims, cost); lineAhead {
+			// A task back for its ticket (it looks fresh: waiting is no
+			// failure) books its turn, which the waker brought it back for
+			// in time to wait for here.
+			reserveMax = s.holdsUpTo(ctx, gs, queue)
+		}
+	}
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {
 		spot = &lineSpot{fair: f, key: s.keyOf(f.name, f.expr, vars), booking: bid, cost: cost}
@@ -130,7 +144,7 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 		// noted under the copy's id.)
 		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], id, requeueLead, s.holdsUpTo(ctx, gs, queue)))
 	}
-	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, gs.cfg.Worker.ReserveMax, opts...)
+	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, reserveMax, opts...)
 	elapsed := time.Since(start).Seconds()
 	for _, c := range claims {
 		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
@@ -177,6 +191,11 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 		for i, turn := range turns {
 			if turn.Delay > turns[refused].Delay {
 				refused = i
+			}
+		}
+		if backlogs {
+			if b, ok := s.deferToLine(ctx, queue, id, line, lineAhead, claims[refused], cost, bk); ok {
+				return b, nil
 			}
 		}
 		s.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()

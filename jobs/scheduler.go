@@ -78,6 +78,7 @@ type Scheduler struct {
 	done    rateCounter   // completions not yet added to the fleet's rate buckets
 	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
 	lookNow chan struct{} // a task was noted due before the next look
+	lines   lineViews     // the backlog lines' tails, as last read (backlog.go)
 	logGate throttle.Limiter
 	// keyLogGate: a failed key expression is logged once a minute per limit.
 	keyLogGate throttle.Limiter
@@ -244,6 +245,9 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 			continue
 		}
 		if b.askIn > 0 {
+			if b.noted {
+				return s.waitNoted(queue, b.askIn)
+			}
 			return s.waitInRedis(ctx, t, queue, id, b.askIn)
 		}
 		wait := b.ready.Sub(s.clock.Now())

@@ -51,6 +51,7 @@ var sections = []section{
 	{"enqueue", runEnqueue},
 	{"intake", runIntake},
 	{"rate", runRate},
+	{"backlog", runBacklog},
 }
 
 // bench is what every section gets: the server, the settings, and a run id
@@ -172,21 +173,24 @@ func infoField(info, name string) string {
 
 // deleteKeys removes every key this run created: they all contain b.runID.
 // It runs after an interrupt too, so it does not use the run's context.
-func (b *bench) deleteKeys() {
+func (b *bench) deleteKeys() { b.deleteMatching("*" + b.runID + "*") }
+
+// deleteMatching removes every key that matches pattern.
+func (b *bench) deleteMatching(pattern string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var deleted int64
 	var cursor uint64
 	for {
-		keys, next, err := b.rdb.Scan(ctx, cursor, "*"+b.runID+"*", 1000).Result()
+		keys, next, err := b.rdb.Scan(ctx, cursor, pattern, 1000).Result()
 		if err != nil {
-			b.progress("cleanup: SCAN for keys of %s: %v (delete them by hand)", b.runID, err)
+			b.progress("cleanup: SCAN for keys %s: %v (delete them by hand)", pattern, err)
 			return
 		}
 		if len(keys) > 0 {
 			n, err := b.rdb.Unlink(ctx, keys...).Result()
 			if err != nil {
-				b.progress("cleanup: UNLINK keys of %s: %v (delete them by hand)", b.runID, err)
+				b.progress("cleanup: UNLINK keys %s: %v (delete them by hand)", pattern, err)
 				return
 			}
 			deleted += n
@@ -196,7 +200,7 @@ func (b *bench) deleteKeys() {
 		}
 		cursor = next
 	}
-	b.progress("cleanup: deleted %d keys of %s", deleted, b.runID)
+	b.progress("cleanup: deleted %d keys %s", deleted, pattern)
 }
 
 // grouped formats x rounded to an integer with thousands separators: 41,230.

@@ -376,7 +376,7 @@ func commandsRun(ctx context.Context, rdb *redis.Client) (commandCount, error) {
 			return count, fmt.Errorf("INFO commandstats: %q: %w", line, err)
 		}
 		count.all += n
-		if name == "cmdstat_evalsha" || name == "cmdstat_eval" {
+		if name == "cmdstat_evalsha" || name == "cmdstat_eval" || name == "cmdstat_fcall" {
 			count.scripts += n
 		}
 	}
