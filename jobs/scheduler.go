@@ -75,6 +75,8 @@ type Scheduler struct {
 	fleet   *fleetSize    // live workers in the fleet, for the local policy
 	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
 	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
+	// keyBlocks: the same for values of keyed quotas.
+	keyBlocks *keyBlocks
 	done    rateCounter   // completions not yet added to the fleet's rate buckets
 	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
 	lookNow chan struct{} // a task was noted due before the next look
@@ -99,6 +101,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		clock:     systemClock{},
 		slotLease: slotLease,
 		lookNow:   make(chan struct{}, 1),
+		keyBlocks: newKeyBlocks(maxKeyBlocks),
 	}
 	for _, opt := range opts {
 		opt(s)
@@ -271,7 +274,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
-	if until := s.blockedUntil(gs, queue, t.Type()); s.clock.Now().Before(until) {
+	if until := s.blockedUntil(gs, queue, id, t); s.clock.Now().Before(until) {
 		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
 	}
 	slots, retryIn := s.takeSlots(ctx, gs, queue, t)

@@ -346,12 +346,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		longest = max(longest, block)
 		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
 		if g.expr != nil {
-			// A keyed quota blocks the task's key value only, in Redis: turns
-			// it booked before are still used.
-			c := s.claimOf(g, vars)
-			if err := c.lim.Block(ctx, c.key, block); err != nil {
-				s.log.Warn("cannot block a quota's key after an upstream said no", "quota", g.key, "err", err)
-			}
+			s.blockKey(ctx, g, s.claimOf(g, vars), block)
 			continue
 		}
 		s.block(g.key, s.clock.Now().Add(block))
@@ -367,4 +362,21 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 	}
 	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", longest)
 	return s.waitInRedis(ctx, t, queue, id, longest)
+}
+
+// blockKey blocks the task's key value c of keyed quota g for block, as
+// upstreamBusy blocks an unkeyed quota: in Redis (no new turn), in this
+// worker and, announced on blockChannel, in every other (turns booked
+// before are not used either). The announcement names the value by its
+// digest only (keyBlock).
+func (s *Scheduler) blockKey(ctx context.Context, g *gate, c claim, block time.Duration) {
+	kb := blockOfKey(g.key, c.key)
+	now := s.clock.Now()
+	s.keyBlocks.add(kb, now.Add(block), now)
+	if err := c.lim.Block(ctx, c.key, block); err != nil {
+		s.log.Warn("cannot block a quota's key after an upstream said no", "quota", g.key, "err", err)
+	}
+	if err := s.rdb.Publish(ctx, blockChannel, kb.announcement(block.Microseconds())).Err(); err != nil {
+		s.log.Warn("cannot tell the fleet of a blocked key of a quota", "quota", g.key, "err", err)
+	}
 }
