@@ -75,14 +75,14 @@ type Scheduler struct {
 	fleet   *fleetSize    // live workers in the fleet, for the local policy
 	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
 	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
-	// keyBlocks: the same for values of keyed quotas.
-	keyBlocks *keyBlocks
 	done    rateCounter   // completions not yet added to the fleet's rate buckets
 	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
 	lookNow chan struct{} // a task was noted due before the next look
 	logGate throttle.Limiter
 	// keyLogGate: a failed key expression is logged once a minute per limit.
 	keyLogGate throttle.Limiter
+	// keyBlocks: blocked as in blocked, for values of keyed quotas.
+	keyBlocks *keyBlocks
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
