@@ -28,7 +28,6 @@ type gateSet struct {
 	fair     map[string]*fairGate // by queue
 	lend     bool                 // pools may lend turns (not on a test's clock)
 	replaced chan struct{}        // closed when a config with other limits replaces this one
-	held     *heldTurns           // tasks holding turns of these gates in this worker
 	pools    sync.Map             // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
 	// evaluations counts the pools' script runs per gate (nil: not).
 	evaluations *prometheus.CounterVec
@@ -135,7 +134,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
-		lend: o.clock == nil, replaced: make(chan struct{}), held: newHeldTurns(), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
+		lend: o.clock == nil, replaced: make(chan struct{}), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
 	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
 	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
 		// A changed limit goes on from the state of the old one, where the

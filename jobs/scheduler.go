@@ -262,8 +262,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 			// before they come, it gets them.
 			return s.waitForTurn(ctx, t, queue, id, wait-requeueLead, b.at.Add(-requeueLead))
 		case limitsChanged:
-			s.giveBackStale(ctx, gs, b) // booked at the old rate: book at the new one
-			continue
+			continue // its turns were booked at the old rate: book at the new one
 		}
 		break
 	}
