@@ -73,14 +73,11 @@ type Claim struct {
 	Kept *Kept
 }
 
-// Kept is a turn kept under its ID: its instant, what giving it back gives
-// back, and the Params it was booked under. A turn booked under other
-// Params than the claim's (the limit changed) is not the claim's turn: it
-// was booked at the old rate, and is given back.
+// Kept is a turn kept under its ID: its instant and what giving it back
+// gives back.
 type Kept struct {
 	At     int64
 	Pieces string
-	Params Params
 }
 
 // Booking is the outcome of Book.
@@ -122,10 +119,9 @@ const maxPasses = 16
 // claims or none: the Go twin of the "book" operation of lua/book.lua.
 //
 // When every claim has a turn kept under its ID, all at one instant that
-// has not passed by more than late µs (late < 0: however long ago), and
-// booked under the claim's Params, that turn is the booking and nothing is
-// counted; turns kept otherwise are given back and forgotten, and the
-// claims booked anew.
+// has not passed by more than late µs (late < 0: however long ago), that
+// turn is the booking and nothing is counted; turns kept otherwise are
+// given back and forgotten, and the claims booked anew.
 func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late int64) Booking {
 	b := Booking{Now: now, Claims: make([]Counted, len(claims))}
 	for i := range claims {
@@ -212,14 +208,13 @@ func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late int64)
 }
 
 // keptTurn is the instant of the turn every claim keeps under its ID, if
-// they all keep one there, booked under their Params, and it has not
-// passed by more than late.
+// they all keep one there and it has not passed by more than late.
 func keptTurn(claims []Claim, now, late int64) (int64, bool) {
 	if len(claims) == 0 {
 		return 0, false
 	}
 	for _, c := range claims {
-		if c.Kept == nil || c.Kept.At != claims[0].Kept.At || c.Kept.Params != c.Params {
+		if c.Kept == nil || c.Kept.At != claims[0].Kept.At {
 			return 0, false
 		}
 	}
@@ -245,21 +240,6 @@ type Algorithm struct {
 	NewState func() State
 	// Capacity is the largest n a single call can ever be admitted with.
 	Capacity func(p Params) int64
-	// Layout names what a state's contents mean under p: a state kept
-	// under Params of one Layout is read the same under any other Params
-	// of that Layout, which counts what it holds at its own limit (a live
-	// change keeps what was used). States of different Layouts must not
-	// meet. Empty: every Params of the algorithm.
-	Layout func(p Params) string
-}
-
-// LayoutOf is the algorithm's Layout for p (see Algorithm.Layout), with the
-// algorithm's name: states of other algorithms never meet.
-func (a *Algorithm) LayoutOf(p Params) string {
-	if a.Layout == nil {
-		return a.Name
-	}
-	return a.Name + "-" + a.Layout(p)
 }
 
 func limitCapacity(p Params) int64 { return p.Limit }

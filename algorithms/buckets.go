@@ -4,7 +4,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"strconv"
 )
 
 // TokenBucket holds Burst tokens, starts full and refills continuously at
@@ -13,7 +12,6 @@ var TokenBucket = &Algorithm{
 	Name:     "token_bucket",
 	NewState: func() State { return &BucketState{} },
 	Capacity: burstCapacity,
-	Layout:   bucketLayout,
 }
 
 // LeakyBucket is a bucket of size Burst that starts empty and leaks
@@ -23,7 +21,6 @@ var LeakyBucket = &Algorithm{
 	Name:     "leaky_bucket",
 	NewState: func() State { return &BucketState{} },
 	Capacity: burstCapacity,
-	Layout:   bucketLayout,
 }
 
 // BucketState is both buckets. A full token bucket and an empty leaky bucket
@@ -59,9 +56,6 @@ func unitsOf(p Params) bucketUnits {
 	g := gcd(p.Limit, p.Period)
 	return bucketUnits{perMicro: p.Limit / g, perEvent: p.Period / g, window: p.Burst * (p.Period / g)}
 }
-
-// bucketLayout: spans are counted in units of 1/perMicro µs.
-func bucketLayout(p Params) string { return "u" + strconv.FormatInt(unitsOf(p).perMicro, 10) }
 
 // rebaseAfter is how far (in units) Ref may fall behind now before the
 // spans are counted from a newer one, keeping every position exact.

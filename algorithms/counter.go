@@ -12,7 +12,6 @@ var FixedWindow = &Algorithm{
 	Name:     "fixed_window",
 	NewState: func() State { return &CounterState{} },
 	Capacity: limitCapacity,
-	Layout:   counterLayout,
 }
 
 // SlidingCounter admits an event while the events of the last Windows
@@ -22,11 +21,7 @@ var SlidingCounter = &Algorithm{
 	Name:     "sliding_counter",
 	NewState: func() State { return &CounterState{} },
 	Capacity: limitCapacity,
-	Layout:   counterLayout,
 }
-
-// counterLayout: sub-windows are counted by index, time / their length.
-func counterLayout(p Params) string { return strconv.FormatInt(p.Period/p.Windows, 10) + "us" }
 
 // maxWindows bounds Windows: every decision sums up to twice as many
 // counters.

@@ -137,21 +137,13 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		lend: o.clock == nil, replaced: make(chan struct{}), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
 	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
 	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
-		// A changed limit goes on from the state of the old one, where the
-		// two keep their states alike (throttle.StateLayout): what was used
-		// stays counted, at the new limit, so a raise grants no burst that
-		// was not earned and a cut lets nothing through above the new rate.
-		// Turns booked at the old rate are booked again (rebook) and the old
-		// ones given back as their tasks book (a kept turn carries its
-		// spec). A change of layout (another algorithm, sub-window or
-		// bucket unit) starts a fresh state.
+		// A changed limit starts from a fresh state under a new version: the
+		// old state holds turns booked at the old rate, which would keep the
+		// queue at that rate until they are all used. Turns booked under an
+		// old version are booked again.
 		spec := l.Spec()
 		version := specVersion(spec)
-		layout, err := throttle.StateLayout(spec)
-		if err != nil {
-			return nil, fmt.Errorf("jobs: %s %q: %w", kind, name, err)
-		}
-		prefix := "sluice:" + kind + ":" + layout + "." + stateLayout + ":"
+		prefix := "sluice:" + kind + ":" + version + ":"
 		if keyed == "" && l.Key != "" {
 			keyed = name
 		}
@@ -272,11 +264,9 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 
 // stateLayout changes when the layout of the limiters' state in Redis does,
 // so that a new version never reads an old one's.
-const stateLayout = "3"
+const stateLayout = "2"
 
-// specVersion names a spec: the same spec, the same version. Turns are
-// kept under it (gate.tag): a task's turns booked under another version
-// are booked again.
+// specVersion names a spec's state: the same spec, the same version.
 func specVersion(spec throttle.Spec) string {
 	h := fnv.New32a()
 	fmt.Fprintf(h, "%s %d %d %d %d %s", spec.Algorithm, spec.Limit, spec.Period, spec.Burst, spec.Windows, stateLayout)

@@ -3,8 +3,7 @@
 --
 -- KEYS[4i-3], KEYS[4i-2] -> claim i's state and aux keys (see each
 --            algorithm); KEYS[4i-1] -> the key of claim i's turn kept under
---            its ID (string "at;pieces;limit period burst windows": the
---            params it was booked under), in the same slot (the aux key
+--            its ID (string "at;pieces"), in the same slot (the aux key
 --            again when the claim has no ID); KEYS[4i] -> where claim i's
 --            recent throttles are counted (common.lua's recent_note), in
 --            the same slot (the aux key again when they are not)
@@ -54,14 +53,13 @@ for i = 1, tonumber(ARGV[8]) do
   g.trim(now)
   -- A task let out of its line books: what was held for it goes.
   if g.released and op == 'book' then g.released(ARGV[a + 7]) end
-  local c = {g = g, n = p.n, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[4 * i - 1],
-    params = string.format('%d %d %d %d', p.limit, p.period, p.burst, p.windows)}
+  local c = {g = g, n = p.n, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[4 * i - 1]}
   if KEYS[4 * i] ~= KEYS[4 * i - 2] then c.recent_key = KEYS[4 * i] end
   if c.id ~= '' then
     local kept = redis.call('GET', c.id_key)
     if kept then
-      local at, pieces, params = string.match(kept, '^(%-?%d+);([^;]*);(.*)$')
-      c.kept = {at = tonumber(at), pieces = pieces, params = params}
+      local at, pieces = string.match(kept, '^(%-?%d+);(.*)$')
+      c.kept = {at = tonumber(at), pieces = pieces}
     end
   end
   claims[i] = c
@@ -136,12 +134,11 @@ for _, c in ipairs(claims) do
 end
 
 -- book: a turn every claim keeps under its ID, at one instant not too long
--- past, booked under the claim's params, is the booking (the caller is
--- back for it, or asks again after a lost reply); kept turns that are not
--- are given back (one booked under other params, at the old rate, too).
+-- past, is the booking (the caller is back for it, or asks again after a
+-- lost reply); kept turns that are not are given back.
 local kept_at = claims[1].kept and claims[1].kept.at
 for _, c in ipairs(claims) do
-  if not c.kept or c.kept.at ~= kept_at or c.kept.params ~= c.params then kept_at = nil end
+  if not c.kept or c.kept.at ~= kept_at then kept_at = nil end
 end
 if kept_at and (late < 0 or kept_at >= now - late) then
   reply[1], reply[3] = 2, kept_at
@@ -224,7 +221,7 @@ for _, c in ipairs(claims) do
   if c.id ~= '' and at > now then
     -- Kept until the turn is too late to be given (see late).
     local life = at - now + math.max(late, 0) + slack
-    redis.call('SET', c.id_key, string.format('%d;', at) .. pieces .. ';' .. c.params, 'PX', ceildiv(life, 1000))
+    redis.call('SET', c.id_key, string.format('%d;', at) .. pieces, 'PX', ceildiv(life, 1000))
   end
 end
 return reply

@@ -3,7 +3,6 @@ package throttle
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"hash/maphash"
 	"slices"
 	"sync"
@@ -23,17 +22,11 @@ const localShards = 32
 // localLimiter makes the same transitions as the scripts, in process.
 type localLimiter struct {
 	base
-	clock Clock
-	slack int64 // µs kept past expiry, as the Redis engine does
-	*localStore
-}
-
-// localStore is where local limiters keep their states: each its own, or
-// one shared by limiters of one state layout (WithStateOf).
-type localStore struct {
+	clock  Clock
+	slack  int64 // µs kept past expiry, as the Redis engine does
 	seed   maphash.Seed
 	shards [localShards]localShard
-	id     uint64 // orders the locks of several stores
+	id     uint64 // orders the locks of several limiters
 }
 
 var _ limiter = (*localLimiter)(nil)
@@ -79,22 +72,11 @@ func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := newLocal(c, o.clock)
-	if o.stateOf != nil {
-		of, ok := o.stateOf.(*localLimiter)
-		if !ok {
-			return nil, fmt.Errorf("%w: WithStateOf: NewLocal takes the state of a limiter of NewLocal, got %T", ErrInvalidSpec, o.stateOf)
-		}
-		if err := sameLayout(c, of.spec); err != nil {
-			return nil, err
-		}
-		l.localStore = of.localStore
-	}
-	return l, nil
+	return newLocal(c, o.clock), nil
 }
 
 func newLocal(c compiled, clock Clock) *localLimiter {
-	l := &localLimiter{base: base{spec: c}, clock: clock, localStore: &localStore{seed: maphash.MakeSeed()}}
+	l := &localLimiter{base: base{spec: c}, clock: clock, seed: maphash.MakeSeed()}
 	l.base.self = l
 	if l.clock == nil {
 		l.clock = systemClock{}
@@ -118,11 +100,11 @@ func (l *localLimiter) policy() (string, limiter) { return "", nil }
 
 func (l *localLimiter) now() time.Time { return l.clock.Now() }
 
-func (st *localStore) shardIndex(key string) int {
-	return int(maphash.String(st.seed, key) % localShards)
+func (l *localLimiter) shardIndex(key string) int {
+	return int(maphash.String(l.seed, key) % localShards)
 }
 
-func (st *localStore) shard(key string) *localShard { return &st.shards[st.shardIndex(key)] }
+func (l *localLimiter) shard(key string) *localShard { return &l.shards[l.shardIndex(key)] }
 
 // entry returns key's entry, or a new one that is not stored yet.
 func (s *localShard) entry(key string, a *algorithms.Algorithm) *localEntry {
@@ -147,9 +129,9 @@ func (s *localShard) sweep(now int64) {
 }
 
 // keep applies what a step did at now to the turn kept under id: keeps the
-// turn at at, booked under p, until past it by late (µs; rounded up to the
-// ms, as Redis keeps it), or forgets it.
-func keep(e *localEntry, id string, p algorithms.Params, now, at int64, c algorithms.Counted, late int64) {
+// turn at at until past it by late (µs; rounded up to the ms, as Redis
+// keeps it), or forgets it.
+func keep(e *localEntry, id string, now, at int64, c algorithms.Counted, late int64) {
 	if c.Forget {
 		delete(e.kept, id)
 	}
@@ -157,7 +139,7 @@ func keep(e *localEntry, id string, p algorithms.Params, now, at int64, c algori
 		if e.kept == nil {
 			e.kept = map[string]keptTurn{}
 		}
-		e.kept[id] = keptTurn{algorithms.Kept{At: at, Pieces: c.Pieces, Params: p}, now + (at-now+max(late, 0)+999)/1000*1000}
+		e.kept[id] = keptTurn{algorithms.Kept{At: at, Pieces: c.Pieces}, now + (at-now+max(late, 0)+999)/1000*1000}
 	}
 }
 
@@ -169,21 +151,21 @@ func (localSite) reaches(string) bool { return false }
 
 func (localSite) run(_ context.Context, st *step) error {
 	type lock struct {
-		store *localStore
+		lim   *localLimiter
 		shard int
 	}
 	var locks []lock
 	for _, p := range st.parts {
 		l := p.lim.(*localLimiter)
-		if k := (lock{l.localStore, l.shardIndex(p.key)}); !slices.Contains(locks, k) {
+		if k := (lock{l, l.shardIndex(p.key)}); !slices.Contains(locks, k) {
 			locks = append(locks, k)
 		}
 	}
 	slices.SortFunc(locks, func(a, b lock) int {
-		return cmp.Or(cmp.Compare(a.store.id, b.store.id), cmp.Compare(a.shard, b.shard))
+		return cmp.Or(cmp.Compare(a.lim.id, b.lim.id), cmp.Compare(a.shard, b.shard))
 	})
 	for _, k := range locks {
-		mu := &k.store.shards[k.shard].mu
+		mu := &k.lim.shards[k.shard].mu
 		mu.Lock()
 		defer mu.Unlock()
 	}
@@ -199,7 +181,7 @@ func (localSite) run(_ context.Context, st *step) error {
 			claims[i].GiveBack = st.giveBack[i]
 		}
 		if k, ok := entries[i].kept[p.id]; ok && p.id != "" && k.until > now {
-			claims[i].Kept = &k.Kept
+			claims[i].Kept = &algorithms.Kept{At: k.At, Pieces: k.Pieces}
 		}
 	}
 	switch st.op {
@@ -238,7 +220,7 @@ func (localSite) run(_ context.Context, st *step) error {
 		l := p.lim.(*localLimiter)
 		e, c := entries[i], claims[i]
 		if i < len(st.out.Claims) {
-			keep(e, p.id, c.Params, now, st.out.At, st.out.Claims[i], max(st.late, 0)+l.slack)
+			keep(e, p.id, now, st.out.At, st.out.Claims[i], max(st.late, 0)+l.slack)
 		}
 		// The entry lives as long as the script would let its key live
 		// (the script sets the TTL on every call), and its kept turns.

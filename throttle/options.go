@@ -15,7 +15,6 @@ type options struct {
 	onRedisError string
 	shares       func() int
 	recent       bool
-	stateOf      Limiter
 }
 
 // WithClock makes the limiter read time from c instead of Redis's clock (New)
@@ -30,14 +29,12 @@ func WithClock(c Clock) Option {
 
 // stateVersion names the layout of the states the scripts keep: limiters
 // of a version that keeps them otherwise must not read them.
-const stateVersion = "v3"
+const stateVersion = "v2"
 
 // WithPrefix sets the namespace of the limiter's keys (default
-// "sluice:<layout>:v3:", layout the spec's StateLayout and v3 the
-// scripts'). Limiters that must not share state need different prefixes;
-// limiters whose states are kept otherwise already have them. Limiters of
-// different StateLayouts must not be given one prefix. The prefix may not
-// contain '{' or '}', which would move its keys' hash tag.
+// "sluice:<algorithm>:v2:", v2 the layout of the state). Limiters that must not share state need different
+// prefixes; limiters of different algorithms already have them. The prefix
+// may not contain '{' or '}', which would move its keys' hash tag.
 func WithPrefix(prefix string) Option {
 	return func(o *options) error {
 		if strings.ContainsAny(prefix, "{}") {
@@ -81,53 +78,8 @@ func WithRecentThrottles() Option {
 	}
 }
 
-// WithStateOf makes the limiter keep its state where l keeps its own, and
-// go on from what l counted: a limit changed live (a new Spec for the same
-// keys) keeps what was used under the old one, each limiter counting it
-// at its own limit, and a turn booked under the old Spec is given back
-// when its caller books again under its ID (Claim.ID), not used: it was
-// booked at the old rate. The Specs must have one StateLayout, and l be of
-// the same engine (New: l's prefix is taken; NewLocal: l's memory).
-func WithStateOf(l Limiter) Option {
-	return func(o *options) error {
-		o.stateOf = l
-		return nil
-	}
-}
-
-// StateLayout names how limiters of spec keep their state: limiters whose
-// Specs have one StateLayout read each other's states (see WithStateOf).
-// It is the algorithm, and what its state is counted in: the sub-window
-// of fixed_window and sliding_counter (a Period or Windows that changes
-// it starts a new state), the unit of a bucket's time, 1/(Limit/g) µs for
-// g = gcd(Limit, Period in µs) (1 µs when Limit divides the Period's µs,
-// as 1 to 10, 20, 25, 40, 50 and 100 a second do); sliding_log keeps
-// event times, whatever its Spec.
-func StateLayout(spec Spec) (string, error) {
-	c, err := compile(spec)
-	if err != nil {
-		return "", err
-	}
-	return c.algorithm.LayoutOf(c.params), nil
-}
-
-// sameLayout is nil if c can read the state kept by a limiter of spec of.
-func sameLayout(c, of compiled) error {
-	if mine, theirs := c.algorithm.LayoutOf(c.params), of.algorithm.LayoutOf(of.params); mine != theirs {
-		return fmt.Errorf("%w: WithStateOf: the state of a limiter of layout %s cannot be read by one of layout %s (see StateLayout)", ErrInvalidSpec, theirs, mine)
-	}
-	return nil
-}
-
-// applyOptions applies opts over the defaults of a limiter of spec (of
-// the semaphore and the fair share, whose Spec only names them: their
-// prefix is by name).
 func applyOptions(spec Spec, opts []Option) (options, error) {
-	layout := string(spec.Algorithm)
-	if c, err := compile(spec); err == nil {
-		layout = c.algorithm.LayoutOf(c.params)
-	}
-	o := options{prefix: "sluice:" + layout + ":" + stateVersion + ":", inFlight: defaultInFlight, onRedisError: OnRedisErrorDeny}
+	o := options{prefix: "sluice:" + string(spec.Algorithm) + ":" + stateVersion + ":", inFlight: defaultInFlight, onRedisError: OnRedisErrorDeny}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return o, err

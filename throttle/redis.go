@@ -52,16 +52,6 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 	if err != nil {
 		return nil, err
 	}
-	if o.stateOf != nil {
-		of, ok := o.stateOf.(*redisLimiter)
-		if !ok {
-			return nil, fmt.Errorf("%w: WithStateOf: New takes the state of a limiter of New, got %T", ErrInvalidSpec, o.stateOf)
-		}
-		if err := sameLayout(c, of.spec); err != nil {
-			return nil, err
-		}
-		o.prefix = of.prefix
-	}
 	l := &redisLimiter{base: base{spec: c}, calls: batcherFor(rdb, o.inFlight), clock: o.clock, prefix: o.prefix, onErr: o.onRedisError, recent: o.recent}
 	l.base.self = l
 	if o.onRedisError == OnRedisErrorLocal {
