@@ -122,7 +122,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations}
+	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations, previous: s.gates.Load()}
 	if s.injected {
 		o.clock = s.clock
 	}
@@ -262,7 +262,8 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 			// before they come, it gets them.
 			return s.waitForTurn(ctx, t, queue, id, wait-requeueLead, b.at.Add(-requeueLead))
 		case limitsChanged:
-			continue // its turns were booked at the old rate: book at the new one
+			s.giveBackStale(ctx, gs, b) // booked at the old rate: book at the new one
+			continue
 		}
 		break
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,13 +62,60 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 	defer holding.Add(-1)
 	s.metrics.throttled.WithLabelValues(queue, "held").Inc()
 	s.metrics.waited.WithLabelValues(queue).Add(wait.Seconds())
+	gs.held.enter()
 	select {
 	case <-ctx.Done():
 	case <-s.clock.After(wait):
 	case <-gs.replaced:
-		return limitsChanged
+		return limitsChanged // the caller gives its turns back (giveBackStale)
 	}
+	gs.held.leave(gs.replaced)
 	return held
+}
+
+// heldTurns counts the tasks that hold turns of one gate set in this
+// worker, so that when a config with other limits replaces it they all
+// give their turns back before any of them books again: a changed limit
+// takes over what the old one counted when it is first used
+// (throttle.Replacing), and a bucket's turns within its window could not
+// be told from what was used.
+type heldTurns struct {
+	n       atomic.Int64
+	once    sync.Once
+	allBack chan struct{} // closed once the set is replaced and none holds
+}
+
+func newHeldTurns() *heldTurns { return &heldTurns{allBack: make(chan struct{})} }
+
+func (h *heldTurns) enter() { h.n.Add(1) }
+
+func (h *heldTurns) leave(replaced <-chan struct{}) {
+	if h.n.Add(-1) > 0 {
+		return
+	}
+	select {
+	case <-replaced:
+		h.once.Do(func() { close(h.allBack) })
+	default:
+	}
+}
+
+// staleGiveBackWait bounds how long a task whose turns were booked under
+// replaced limits waits for the others held with it to give theirs back
+// (a script call each, all at once).
+const staleGiveBackWait = 250 * time.Millisecond
+
+// giveBackStale gives back turns b booked under gs's limits, which a config
+// with other limits replaced while the task held them, and waits until the
+// others held here with it have given theirs back too.
+func (s *Scheduler) giveBackStale(ctx context.Context, gs *gateSet, b booking) {
+	s.giveBack(ctx, b)
+	gs.held.leave(gs.replaced)
+	select {
+	case <-gs.held.allBack:
+	case <-s.clock.After(staleGiveBackWait):
+	case <-ctx.Done():
+	}
 }
 
 // holdsUpTo is the longest wait a task of queue would hold for in this
