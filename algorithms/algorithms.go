@@ -55,6 +55,43 @@ type State interface {
 	// ResetAfter is how long from `at` until the state is back to its
 	// initial value.
 	ResetAfter(p Params, at int64) int64
+	// Empty reports whether the state counts nothing (once trimmed).
+	Empty() bool
+	// Used is what the state counted at or before now: what a limit that
+	// replaces p takes over (see TakeOver).
+	Used(p Params, now int64) Used
+	// Seed counts u in an empty state, at now.
+	Seed(p Params, now int64, u Used)
+}
+
+// Used is what a state counted at or before an instant, for a state of
+// the same algorithm under other Params to take over: the windows' events
+// at their instants (a counter's at the end of their sub-window, or now if
+// sooner), a bucket's server time still taken from that instant on, in µs
+// (rounded up). Turns booked after the instant are not in it: their tasks
+// book them again at the new limit.
+type Used struct {
+	Events []Event
+	Busy   int64
+}
+
+// Event is N events counted at At (µs).
+type Event struct{ At, N int64 }
+
+// TakeOver seeds s, under p, from old, under q, at now, if s counts
+// nothing: a limit changed live (p replaces q) keeps what q counted at or
+// before now, so that a raise grants no burst q's use had not left, and a
+// cut lets nothing through above p. It reports whether it seeded s; the
+// caller carries old's block over then. Both are trimmed.
+func TakeOver(s State, p Params, old State, q Params, now int64) bool {
+	s.Trim(p, now)
+	if !s.Empty() {
+		return false
+	}
+	old.Trim(q, now)
+	s.Seed(p, now, old.Used(q, now))
+	s.Trim(p, now)
+	return true
 }
 
 // Claim is n events asked of one key's state.

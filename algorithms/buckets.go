@@ -281,3 +281,25 @@ func TailPieces(p Params, pieces string, n int64) string {
 	}
 	return joinInts(append([]int64{v[0]}, tail...)...)
 }
+
+// Empty implements State.
+func (s *BucketState) Empty() bool { return len(s.Busy) == 0 }
+
+// Used implements State: the server time taken within the bucket's window
+// from now, in µs rounded up. (What of it turns booked ahead took cannot
+// be told apart: it is taken over too, at most the old bucket's window.)
+func (s *BucketState) Used(p Params, now int64) Used {
+	u := unitsOf(p)
+	x := s.at(u, now)
+	return Used{Busy: ceilDiv(s.busyIn(x, x+u.window), u.perMicro)}
+}
+
+// Seed implements State: the server time from now on, up to the furthest
+// position counted exactly.
+func (s *BucketState) Seed(p Params, now int64, used Used) {
+	u := unitsOf(p)
+	s.Ref = now
+	if used.Busy > 0 {
+		s.Busy = []Span{{0, min(used.Busy, rebaseAfter/u.perMicro) * u.perMicro}}
+	}
+}

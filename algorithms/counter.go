@@ -143,3 +143,27 @@ func cmpInt(a, b int64) int {
 	}
 	return 0
 }
+
+// Empty implements State.
+func (s *CounterState) Empty() bool { return len(s.Counts) == 0 }
+
+// Used implements State: the sub-windows up to now's, each at its last µs
+// (or now, for now's own).
+func (s *CounterState) Used(p Params, now int64) Used {
+	sub := p.Period / p.Windows
+	var u Used
+	for _, w := range s.Counts {
+		if w.Index > floorDiv(now, sub) {
+			break
+		}
+		u.Events = append(u.Events, Event{At: min(now, (w.Index+1)*sub-1), N: w.Count})
+	}
+	return u
+}
+
+// Seed implements State.
+func (s *CounterState) Seed(p Params, _ int64, u Used) {
+	for _, e := range u.Events {
+		s.Record(p, e.At, e.N)
+	}
+}

@@ -62,6 +62,18 @@ type OpClaim struct {
 	// counted (a book that cannot have the events at the instant asked, by
 	// this claim's own limit), in the same slot.
 	RecentKey string
+	// Replaces, if not nil, is the limit this claim's replaces: a state
+	// that counts nothing takes over what it counted (TakeOver).
+	Replaces *Replaced
+}
+
+// Replaced is a limit that another replaced (a live change), as a claim
+// of the new one sees it: its algorithm (the same as the claim's), params
+// and state keys, in the claim's slot.
+type Replaced struct {
+	Algorithm *Algorithm
+	Params    Params
+	Key, Aux  string
 }
 
 // Remind has a book note its turn in a sorted set, in the same run: Member
@@ -89,7 +101,7 @@ type Op struct {
 }
 
 func (op *Op) keys() []string {
-	keys := make([]string, 0, 4*len(op.Claims))
+	keys := make([]string, 0, 6*len(op.Claims)+1)
 	for _, c := range op.Claims {
 		kept, recent := c.KeptKey, c.RecentKey
 		if c.ID == "" {
@@ -98,7 +110,11 @@ func (op *Op) keys() []string {
 		if recent == "" {
 			recent = c.Aux // the same: nothing counted
 		}
-		keys = append(keys, c.Key, c.Aux, kept, recent)
+		oldKey, oldAux := c.Aux, c.Aux // the same: nothing taken over
+		if r := c.Replaces; r != nil {
+			oldKey, oldAux = r.Key, r.Aux
+		}
+		keys = append(keys, c.Key, c.Aux, kept, recent, oldKey, oldAux)
 	}
 	if op.Remind != nil {
 		keys = append(keys, op.Remind.Key)
@@ -115,7 +131,7 @@ func (op *Op) args() []any {
 	if op.Exact {
 		exact = "1"
 	}
-	args := make([]any, 0, 8+9*len(op.Claims))
+	args := make([]any, 0, 8+14*len(op.Claims)+3)
 	var notBefore any = op.NotBefore
 	if op.Ahead > 0 {
 		notBefore = "+" + strconv.FormatInt(op.Ahead, 10)
@@ -124,6 +140,12 @@ func (op *Op) args() []any {
 	for _, c := range op.Claims {
 		p := c.Params
 		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack, c.ID, c.Member)
+		if r := c.Replaces; r != nil {
+			q := r.Params
+			args = append(args, r.Algorithm.Name, q.Limit, q.Period, q.Burst, q.Windows)
+		} else {
+			args = append(args, "", 0, 0, 0, 0)
+		}
 	}
 	if r := op.Remind; r != nil {
 		args = append(args, r.Member, r.Lead, r.After)

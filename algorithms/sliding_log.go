@@ -146,3 +146,22 @@ func (s *SlidingLogState) ResetAfter(p Params, at int64) int64 {
 	}
 	return max(0, s.Times[len(s.Times)-1]+p.Period-at)
 }
+
+// Empty implements State.
+func (s *SlidingLogState) Empty() bool { return len(s.Times) == 0 }
+
+// Used implements State: the events up to now.
+func (s *SlidingLogState) Used(_ Params, now int64) Used {
+	var u Used
+	for _, t := range s.Times[:s.after(now)] {
+		u.Events = append(u.Events, Event{At: t, N: 1})
+	}
+	return u
+}
+
+// Seed implements State.
+func (s *SlidingLogState) Seed(p Params, _ int64, u Used) {
+	for _, e := range u.Events {
+		s.Record(p, e.At, e.N)
+	}
+}

@@ -225,19 +225,31 @@ func (s *Scheduler) takeBlocks(ctx context.Context, subscribed, readBack func())
 }
 
 // takeBlock notes the block a message of blockChannel announces, if it is
-// of a quota of the config in force. The quota's name is all before the
-// last space: it may hold spaces itself.
+// of a quota of the config in force: "<quota> <µs>", or "<quota> <µs>
+// k=<digest>" for one value of a keyed quota (see keyBlock). The quota's
+// name is all before the duration: it may hold spaces itself.
 func (s *Scheduler) takeBlock(payload string) {
+	digest, rest, keyed := parseKeyBlock(payload)
+	if keyed {
+		payload = rest
+	}
 	i := strings.LastIndexByte(payload, ' ')
 	if i < 0 {
 		return
 	}
 	quota := payload[:i]
 	us, err := strconv.ParseInt(payload[i+1:], 10, 64)
-	if _, known := s.gates.Load().quotas[quota]; !known || err != nil || us <= 0 || us > math.MaxInt64/int64(time.Microsecond) {
+	g, known := s.gates.Load().quotas[quota]
+	if !known || err != nil || us <= 0 || us > math.MaxInt64/int64(time.Microsecond) || keyed != (g.expr != nil) {
 		return
 	}
-	s.block(quota, s.clock.Now().Add(time.Duration(us)*time.Microsecond))
+	now := s.clock.Now()
+	until := now.Add(time.Duration(us) * time.Microsecond)
+	if keyed {
+		s.keyBlocks.add(keyBlock{quota: quota, digest: digest}, until, now)
+		return
+	}
+	s.block(quota, until)
 }
 
 // readBlocks notes the blocks in force on the quotas (Reserver.Peek): set
@@ -268,11 +280,26 @@ func (s *Scheduler) block(quota string, until time.Time) {
 	}
 }
 
-// blockedUntil is the latest block on the quotas of a task of typ in queue
-// that this worker knows of, or the zero Time.
-func (s *Scheduler) blockedUntil(gs *gateSet, queue, typ string) time.Time {
+// blockedUntil is the latest block on the quotas of task t, id in queue,
+// that this worker knows of, or the zero Time: on a keyed quota, the block
+// on the task's key value.
+func (s *Scheduler) blockedUntil(gs *gateSet, queue, id string, t *asynq.Task) time.Time {
 	var until time.Time
-	for _, g := range gs.routeOf(queue, typ).quotas {
+	var vars *taskVars
+	now := s.clock.Now()
+	for _, g := range gs.routeOf(queue, t.Type()).quotas {
+		if g.expr != nil {
+			if s.keyBlocks.empty() {
+				continue
+			}
+			if vars == nil {
+				vars = varsOf(queue, id, t)
+			}
+			if u := s.keyBlocks.blockedUntil(blockOfKey(g.key, s.claimOf(g, vars).key), now); u.After(until) {
+				until = u
+			}
+			continue
+		}
 		if v, ok := s.blocked.Load(g.key); ok && v.(time.Time).After(until) {
 			until = v.(time.Time)
 		}

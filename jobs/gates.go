@@ -28,6 +28,7 @@ type gateSet struct {
 	fair     map[string]*fairGate // by queue
 	lend     bool                 // pools may lend turns (not on a test's clock)
 	replaced chan struct{}        // closed when a config with other limits replaces this one
+	held     *heldTurns           // tasks holding turns of these gates in this worker
 	pools    sync.Map             // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
 	// evaluations counts the pools' script runs per gate (nil: not).
 	evaluations *prometheus.CounterVec
@@ -128,19 +129,24 @@ type gateOptions struct {
 	// evaluations, if set, counts the script runs of the gates' pools (as
 	// the Scheduler counts those of its bookings).
 	evaluations *prometheus.CounterVec
+	// previous, if not nil, is the gate set these gates replace (a live
+	// change): a changed limit takes over what its predecessor counted.
+	previous *gateSet
 }
 
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
-		lend: o.clock == nil, replaced: make(chan struct{}), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
+		lend: o.clock == nil, replaced: make(chan struct{}), held: newHeldTurns(), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
 	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
 	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
-		// A changed limit starts from a fresh state under a new version: the
+		// A changed limit has a state of its own under a new version: the
 		// old state holds turns booked at the old rate, which would keep the
 		// queue at that rate until they are all used. Turns booked under an
-		// old version are booked again.
+		// old version are booked again. What the old limit counted up to
+		// the change is taken over, key by key (throttle.Replacing): a raise
+		// grants no unearned burst, a cut lets nothing through above it.
 		spec := l.Spec()
 		version := specVersion(spec)
 		prefix := "sluice:" + kind + ":" + version + ":"
@@ -164,6 +170,9 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		}
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
+		}
+		if was := o.previous.predecessor(kind, name, keyed); was != nil && specVersion(was.limit.Spec()) != version && was.limit.Algorithm == l.Algorithm {
+			opts = append(opts, throttle.Replacing(was.lim))
 		}
 		lim, err := throttle.New(rdb, spec, opts...)
 		if err != nil {
@@ -263,6 +272,31 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		}
 	}
 	return gs, nil
+}
+
+// predecessor is the gate of gs (nil: none) that a gate of kind and name
+// (keyed: its override's "<name>\x00<value>", or "") replaces: a value's
+// override replaces the value's override, or the default limit it had.
+func (gs *gateSet) predecessor(kind, name, keyed string) *gate {
+	if gs == nil {
+		return nil
+	}
+	gates := gs.quotas
+	if kind == "drain" {
+		gates = gs.drains
+	}
+	quota, value, override := strings.Cut(keyed, "\x00")
+	if !override {
+		return gates[name]
+	}
+	g := gates[quota]
+	if g == nil {
+		return nil
+	}
+	if ov := g.overrides[value]; ov != nil {
+		return ov
+	}
+	return g
 }
 
 // stateLayout changes when the layout of the limiters' state in Redis does,

@@ -69,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"gate", "policy"}),
 		upstreamBusy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_busy_total",
-			Help: "Answers 429/503 from a third-party API that blocked its quota fleet-wide.",
+			Help: "Answers 429/503 from a third-party API that blocked its quota (a keyed quota: the task's key value) fleet-wide.",
 		}, []string{"quota"}),
 		completed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_tasks_processed_total",

@@ -82,6 +82,8 @@ type Scheduler struct {
 	logGate throttle.Limiter
 	// keyLogGate: a failed key expression is logged once a minute per limit.
 	keyLogGate throttle.Limiter
+	// keyBlocks: blocked as in blocked, for values of keyed quotas.
+	keyBlocks *keyBlocks
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -100,6 +102,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		clock:     systemClock{},
 		slotLease: slotLease,
 		lookNow:   make(chan struct{}, 1),
+		keyBlocks: newKeyBlocks(maxKeyBlocks),
 	}
 	for _, opt := range opts {
 		opt(s)
@@ -120,7 +123,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations}
+	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations, previous: s.gates.Load()}
 	if s.injected {
 		o.clock = s.clock
 	}
@@ -263,7 +266,8 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 			// before they come, it gets them.
 			return s.waitForTurn(ctx, t, queue, id, wait-requeueLead, b.at.Add(-requeueLead))
 		case limitsChanged:
-			continue // its turns were booked at the old rate: book at the new one
+			s.giveBackStale(ctx, gs, b) // booked at the old rate: book at the new one
+			continue
 		}
 		break
 	}
@@ -275,7 +279,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
-	if until := s.blockedUntil(gs, queue, t.Type()); s.clock.Now().Before(until) {
+	if until := s.blockedUntil(gs, queue, id, t); s.clock.Now().Before(until) {
 		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
 	}
 	slots, retryIn := s.takeSlots(ctx, gs, queue, t)

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -66,13 +67,60 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 	defer holding.Add(-1)
 	s.metrics.throttled.WithLabelValues(queue, "held").Inc()
 	s.metrics.waited.WithLabelValues(queue).Add(wait.Seconds())
+	gs.held.enter()
 	select {
 	case <-ctx.Done():
 	case <-s.clock.After(wait):
 	case <-gs.replaced:
-		return limitsChanged
+		return limitsChanged // the caller gives its turns back (giveBackStale)
 	}
+	gs.held.leave(gs.replaced)
 	return held
+}
+
+// heldTurns counts the tasks that hold turns of one gate set in this
+// worker, so that when a config with other limits replaces it they all
+// give their turns back before any of them books again: a changed limit
+// takes over what the old one counted when it is first used
+// (throttle.Replacing), and a bucket's turns within its window could not
+// be told from what was used.
+type heldTurns struct {
+	n       atomic.Int64
+	once    sync.Once
+	allBack chan struct{} // closed once the set is replaced and none holds
+}
+
+func newHeldTurns() *heldTurns { return &heldTurns{allBack: make(chan struct{})} }
+
+func (h *heldTurns) enter() { h.n.Add(1) }
+
+func (h *heldTurns) leave(replaced <-chan struct{}) {
+	if h.n.Add(-1) > 0 {
+		return
+	}
+	select {
+	case <-replaced:
+		h.once.Do(func() { close(h.allBack) })
+	default:
+	}
+}
+
+// staleGiveBackWait bounds how long a task whose turns were booked under
+// replaced limits waits for the others held with it to give theirs back
+// (a script call each, all at once).
+const staleGiveBackWait = 250 * time.Millisecond
+
+// giveBackStale gives back turns b booked under gs's limits, which a config
+// with other limits replaced while the task held them, and waits until the
+// others held here with it have given theirs back too.
+func (s *Scheduler) giveBackStale(ctx context.Context, gs *gateSet, b booking) {
+	s.giveBack(ctx, b)
+	gs.held.leave(gs.replaced)
+	select {
+	case <-gs.held.allBack:
+	case <-s.clock.After(staleGiveBackWait):
+	case <-ctx.Done():
+	}
 }
 
 // holdsUpTo is the longest wait a task of queue would hold for in this
@@ -351,12 +399,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		longest = max(longest, block)
 		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
 		if g.expr != nil {
-			// A keyed quota blocks the task's key value only, in Redis: turns
-			// it booked before are still used.
-			c := s.claimOf(g, vars)
-			if err := c.lim.Block(ctx, c.key, block); err != nil {
-				s.log.Warn("cannot block a quota's key after an upstream said no", "quota", g.key, "err", err)
-			}
+			s.blockKey(ctx, g, s.claimOf(g, vars), block)
 			continue
 		}
 		s.block(g.key, s.clock.Now().Add(block))
@@ -388,4 +431,21 @@ func WaitingTask(info *asynq.TaskInfo) bool {
 		return info.Headers[headerOrigin] != ""
 	}
 	return false
+}
+
+// blockKey blocks the task's key value c of keyed quota g for block, as
+// upstreamBusy blocks an unkeyed quota: in Redis (no new turn), in this
+// worker and, announced on blockChannel, in every other (turns booked
+// before are not used either). The announcement names the value by its
+// digest only (keyBlock).
+func (s *Scheduler) blockKey(ctx context.Context, g *gate, c claim, block time.Duration) {
+	kb := blockOfKey(g.key, c.key)
+	now := s.clock.Now()
+	s.keyBlocks.add(kb, now.Add(block), now)
+	if err := c.lim.Block(ctx, c.key, block); err != nil {
+		s.log.Warn("cannot block a quota's key after an upstream said no", "quota", g.key, "err", err)
+	}
+	if err := s.rdb.Publish(ctx, blockChannel, kb.announcement(block.Microseconds())).Err(); err != nil {
+		s.log.Warn("cannot tell the fleet of a blocked key of a quota", "quota", g.key, "err", err)
+	}
 }

@@ -1,12 +1,15 @@
 -- book: one operation on several keys, each a limit of its own algorithm,
 -- atomically. The twin of algorithms.Book and algorithms.Peek.
 --
--- KEYS[4i-3], KEYS[4i-2] -> claim i's state and aux keys (see each
---            algorithm); KEYS[4i-1] -> the key of claim i's turn kept under
+-- KEYS[6i-5], KEYS[6i-4] -> claim i's state and aux keys (see each
+--            algorithm); KEYS[6i-3] -> the key of claim i's turn kept under
 --            its ID (string "at;pieces"), in the same slot (the aux key
---            again when the claim has no ID); KEYS[4i] -> where claim i's
+--            again when the claim has no ID); KEYS[6i-2] -> where claim i's
 --            recent throttles are counted (common.lua's recent_note), in
---            the same slot (the aux key again when they are not)
+--            the same slot (the aux key again when they are not);
+--            KEYS[6i-1], KEYS[6i] -> the state and aux keys of the limit
+--            claim i's replaces (a live change), in the same slot (the aux
+--            key twice when there is none)
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
 -- ARGV[2] -> op: book, cancel, block or peek
 -- ARGV[3] -> book: not before (µs; "+d": d µs after now); block: for how
@@ -17,10 +20,13 @@
 -- ARGV[7] -> book: how long after its instant a kept turn is still given
 --            (µs; -1: however long)
 -- ARGV[8] -> how many claims
--- ARGV[9 + 9(i-1) ...] -> claim i: algorithm, limit, period, burst,
+-- ARGV[9 + 14(i-1) ...] -> claim i: algorithm, limit, period, burst,
 --            windows, n, pieces to give back first ('' for none), ID ('' for
---            none), member (fair_share: the key value; '' otherwise)
--- KEYS[4n+1], ARGV[9 + 9n ...] -> book, optional (a remind): a sorted set
+--            none), member (fair_share: the key value; '' otherwise); then
+--            the replaced limit's algorithm ('' for none), limit, period,
+--            burst and windows: a claim whose state counts nothing takes
+--            over what that limit counted up to now (and its block)
+-- KEYS[6n+1], ARGV[9 + 14n ...] -> book, optional (a remind): a sorted set
 --            in the same slot, a member, a lead and a wait (µs): a turn
 --            booked more than the wait away is noted there, the member
 --            scored the lead before the turn
@@ -46,15 +52,25 @@ local op = ARGV[2]
 local slack, late = tonumber(ARGV[6]), tonumber(ARGV[7])
 local claims = {}
 for i = 1, tonumber(ARGV[8]) do
-  local a = 9 + 9 * (i - 1)
+  local a = 9 + 14 * (i - 1)
   local p = {limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
     windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5]), member = ARGV[a + 8]}
-  local g = constructors[ARGV[a]](KEYS[4 * i - 3], KEYS[4 * i - 2], p)
+  local g = constructors[ARGV[a]](KEYS[6 * i - 5], KEYS[6 * i - 4], p)
   g.trim(now)
+  if ARGV[a + 9] ~= '' and g.empty() then
+    -- Take over what the replaced limit counted (algorithms.TakeOver).
+    local q = {limit = tonumber(ARGV[a + 10]), period = tonumber(ARGV[a + 11]), burst = tonumber(ARGV[a + 12]),
+      windows = tonumber(ARGV[a + 13]), n = p.n, member = ''}
+    local old = constructors[ARGV[a + 9]](KEYS[6 * i - 1], KEYS[6 * i], q)
+    old.trim(now)
+    g.seed(now, old.used(now))
+    g.trim(now)
+    if old.blocked > g.blocked then g.block(old.blocked) end
+  end
   -- A task let out of its line books: what was held for it goes.
   if g.released and op == 'book' then g.released(ARGV[a + 7]) end
-  local c = {g = g, n = p.n, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[4 * i - 1]}
-  if KEYS[4 * i] ~= KEYS[4 * i - 2] then c.recent_key = KEYS[4 * i] end
+  local c = {g = g, n = p.n, give_back = ARGV[a + 6], id = ARGV[a + 7], id_key = KEYS[6 * i - 3]}
+  if KEYS[6 * i - 2] ~= KEYS[6 * i - 4] then c.recent_key = KEYS[6 * i - 2] end
   if c.id ~= '' then
     local kept = redis.call('GET', c.id_key)
     if kept then
@@ -209,9 +225,9 @@ if not settled or at - now > max_wait or (exact and at ~= start) then
 end
 
 reply[1] = 1
-local remind = 9 + 9 * #claims
+local remind = 9 + 14 * #claims
 if ARGV[remind] and at - now > tonumber(ARGV[remind + 2]) then
-  redis.call('ZADD', KEYS[4 * #claims + 1], at - tonumber(ARGV[remind + 1]), ARGV[remind])
+  redis.call('ZADD', KEYS[6 * #claims + 1], at - tonumber(ARGV[remind + 1]), ARGV[remind])
   reply[1] = 3
 end
 for _, c in ipairs(claims) do

@@ -304,6 +304,24 @@ local function new_bucket(key, spans_key, p)
     self.blocked = until_
   end
 
+  function self.empty() return count == 0 end
+
+  -- used: the server time taken within the window from now, in µs rounded
+  -- up (what turns booked ahead took in it too: it cannot be told apart).
+  function self.used(now)
+    local x = pos(now)
+    return {busy = ceildiv(busy_in(x, x + window), per_micro)}
+  end
+
+  -- seed, into an empty bucket: the server time from now on.
+  function self.seed(now, used)
+    ref = now
+    if used.busy > 0 then
+      inline = {0, math.min(used.busy, floordiv(REBASE_AFTER, per_micro)) * per_micro}
+      count, last = 1, inline[2]
+    end
+  end
+
   -- save writes the state, trimmed or not: the Go twin keeps what this
   -- keeps, also when a clock steps back. A state as it was read is not
   -- written: its TTL, set when it last changed, ends when it would now

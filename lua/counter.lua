@@ -87,6 +87,24 @@ local function new_counter(key, _, p)
     self.blocked = until_
   end
 
+  function self.empty() return next(counts) == nil end
+
+  -- used: the sub-windows up to now's, each at its last µs (now's at now).
+  function self.used(now)
+    local events, current = {}, floordiv(now, sub)
+    for i, c in pairs(counts) do
+      if i <= current then events[#events + 1] = {math.min(now, (i + 1) * sub - 1), c} end
+    end
+    return {events = events}
+  end
+
+  function self.seed(_, used)
+    for _, e in ipairs(used.events) do
+      local i = floordiv(e[1], sub)
+      counts[i] = count(i) + e[2]
+    end
+  end
+
   -- save writes the state, trimmed or not: the Go twin keeps what this
   -- keeps, also when a clock steps back.
   function self.save(ttl)

@@ -149,6 +149,33 @@ local function new_sliding_log(key, block_key, p)
     self.blocked = until_
   end
 
+  function self.empty() return redis.call('ZCARD', key) == 0 end
+
+  -- used: the events up to now.
+  function self.used(now)
+    local events, page = {}, redis.call('ZRANGEBYSCORE', key, '-inf', int(now), 'WITHSCORES')
+    for k = 2, #page, 2 do events[#events + 1] = {tonumber(page[k]), 1} end
+    return {events = events}
+  end
+
+  -- seed, into an empty log: members "time:seq", seq 1, 2, ...
+  function self.seed(_, used)
+    local args, seq = {}, 0
+    for _, e in ipairs(used.events) do
+      for _ = 1, e[2] do
+        seq = seq + 1
+        args[#args + 1] = int(e[1])
+        args[#args + 1] = int(e[1]) .. ':' .. seq
+        if #args >= 200 then
+          redis.call('ZADD', key, unpack(args))
+          args = {}
+        end
+      end
+    end
+    if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+    newest_known = false
+  end
+
   -- save sets the TTLs: the Go twin forgets the key when this lets it
   -- expire.
   function self.save(ttl)

@@ -198,7 +198,10 @@ type upstream struct {
 	testkit.Timeline // arrivals by path
 	mu               sync.Mutex
 	respond          func(n int) (status int, retryAfter string)
-	n                int
+	// respondTo, if set, answers instead of respond, by the request's path;
+	// it is called under mu, one request at a time.
+	respondTo func(path string) (status int, retryAfter string)
+	n         int
 }
 
 // allowYAML is the http section of a config that lets http:request call u.
@@ -219,6 +222,10 @@ func newUpstream(t *testing.T) *upstream {
 		u.mu.Lock()
 		u.n++
 		n, respond := u.n, u.respond
+		if u.respondTo != nil {
+			status, retryAfter := u.respondTo(r.URL.Path)
+			respond = func(int) (int, string) { return status, retryAfter }
+		}
 		u.mu.Unlock()
 		if respond != nil {
 			if status, retryAfter := respond(n); status != http.StatusOK {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 )
@@ -211,5 +213,64 @@ tasks:
 	}
 	if lines := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; lines < 4 {
 		t.Errorf("%d lines for 4 or more problems:\n%s", lines, out)
+	}
+}
+
+// TestKeyedUpstreamRetryAfter (issue 20.3): a quota keyed by destination,
+// 5/s burst 5 each, 3 workers, 30 tasks for each of destinations a and b;
+// the API answers a's 6th request 429 with Retry-After: 2. No request for a
+// may reach it from 25 ms (within) to 2 s after that answer, from any
+// worker (turns booked before the block included); a's next request comes
+// within 3 s of it; b goes on meanwhile: at least 6 of its 10 possible
+// requests in those 2 s. Every task runs, the refused one twice.
+func TestKeyedUpstreamRetryAfter(t *testing.T) {
+	t.Parallel()
+	const each = 30
+	queue, quota := redistest.Queue(t, "keyed-busy"), redistest.Queue(t, "per-dest")
+	r := startFleet(t, backends[0], 3, fmt.Sprintf(`
+queues:
+  %s: {}
+quotas:
+  %s: {algorithm: token_bucket, limit: 5, period: 1s, burst: 5, key: 'payload.headers["X-Dest"]'}
+tasks:
+  http:request: {quotas: [%s]}
+`, queue, quota, quota))
+	seenA := 0
+	r.u.mu.Lock()
+	r.u.respondTo = func(path string) (int, string) {
+		if strings.HasPrefix(path, "/a/") {
+			if seenA++; seenA == 6 {
+				return http.StatusTooManyRequests, "2"
+			}
+		}
+		return http.StatusOK, ""
+	}
+	r.u.mu.Unlock()
+	client := asynq.NewClient(r.asynqOpt(t))
+	defer client.Close()
+	for _, dest := range []string{"a", "b"} {
+		enqueueWithHeaders(t, client, r.u.URL, queue, dest, each, map[string]string{"X-Dest": dest})
+	}
+	testkit.WaitFor(t, 40*time.Second, "all requests", func() bool { return len(r.u.All()) >= 2*each+1 })
+	time.Sleep(300 * time.Millisecond)
+	if all, distinct := len(r.u.All()), r.u.Distinct(); all != 2*each+1 || distinct != 2*each {
+		t.Errorf("%d requests for %d distinct tasks, want %d for %d: the refused one runs again, no other twice", all, distinct, 2*each+1, 2*each)
+	}
+	r.checkQueueEmpty(t, queue)
+	a, b := r.u.Under("a"), r.u.Under("b")
+	refused := a[5]
+	for _, at := range a[6:] {
+		if gap := at.Sub(refused); gap > within && gap < 2*time.Second {
+			t.Errorf("a request for a %v after its 429 with Retry-After: 2", gap.Round(time.Millisecond))
+		}
+	}
+	next := a[6].Sub(refused)
+	inBlock := len(between(b, refused, refused.Add(2*time.Second)))
+	t.Logf("a's next request %v after its 429; b had %d requests in those 2 s", next.Round(time.Millisecond), inBlock)
+	if next > 3*time.Second {
+		t.Errorf("a's next request came %v after its 429 with Retry-After: 2, want within 3 s", next.Round(time.Millisecond))
+	}
+	if inBlock < 6 {
+		t.Errorf("b had %d requests in the 2 s a was blocked, want at least 6 of its 10: other keys go on", inBlock)
 	}
 }

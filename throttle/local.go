@@ -3,6 +3,7 @@ package throttle
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"hash/maphash"
 	"slices"
 	"sync"
@@ -27,6 +28,8 @@ type localLimiter struct {
 	seed   maphash.Seed
 	shards [localShards]localShard
 	id     uint64 // orders the locks of several limiters
+	// replaces: the limiter this one took the place of (Replacing), or nil.
+	replaces *localLimiter
 }
 
 var _ limiter = (*localLimiter)(nil)
@@ -72,7 +75,18 @@ func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newLocal(c, o.clock), nil
+	l := newLocal(c, o.clock)
+	if o.replaces != nil {
+		old, ok := o.replaces.(*localLimiter)
+		if !ok {
+			return nil, fmt.Errorf("%w: Replacing: NewLocal replaces a limiter of NewLocal, got %T", ErrInvalidSpec, o.replaces)
+		}
+		if err := replacedOf(c, old.spec); err != nil {
+			return nil, err
+		}
+		l.replaces = old
+	}
+	return l, nil
 }
 
 func newLocal(c compiled, clock Clock) *localLimiter {
@@ -160,6 +174,11 @@ func (localSite) run(_ context.Context, st *step) error {
 		if k := (lock{l, l.shardIndex(p.key)}); !slices.Contains(locks, k) {
 			locks = append(locks, k)
 		}
+		if r := l.replaces; r != nil {
+			if k := (lock{r, r.shardIndex(p.key)}); !slices.Contains(locks, k) {
+				locks = append(locks, k)
+			}
+		}
 	}
 	slices.SortFunc(locks, func(a, b lock) int {
 		return cmp.Or(cmp.Compare(a.lim.id, b.lim.id), cmp.Compare(a.shard, b.shard))
@@ -176,6 +195,13 @@ func (localSite) run(_ context.Context, st *step) error {
 	for i, p := range st.parts {
 		l := p.lim.(*localLimiter)
 		entries[i] = l.shard(p.key).entry(p.key, l.spec.algorithm)
+		if r := l.replaces; r != nil {
+			// As the script does, for every operation (algorithms.TakeOver).
+			old := r.shard(p.key).entry(p.key, r.spec.algorithm)
+			if algorithms.TakeOver(entries[i].state, l.spec.params, old.state, r.spec.params, now) {
+				entries[i].blocked = max(entries[i].blocked, old.blocked)
+			}
+		}
 		claims[i] = algorithms.Claim{State: entries[i].state, Params: l.spec.params, Blocked: entries[i].blocked, N: p.n, ID: p.id}
 		if st.giveBack != nil {
 			claims[i].GiveBack = st.giveBack[i]

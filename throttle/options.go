@@ -15,6 +15,7 @@ type options struct {
 	onRedisError string
 	shares       func() int
 	recent       bool
+	replaces     Limiter
 }
 
 // WithClock makes the limiter read time from c instead of Redis's clock (New)
@@ -76,6 +77,30 @@ func WithRecentThrottles() Option {
 		o.recent = true
 		return nil
 	}
+}
+
+// Replacing makes the limiter the successor of old, a limiter of the same
+// algorithm and engine under another Spec and prefix (a limit changed
+// live): a key whose state counts nothing takes over what old counted for
+// it at or before that instant, and old's block, in the same atomic step
+// (algorithms.TakeOver). A raise then grants no burst that old's use had
+// not left, and a cut lets nothing through above the new limit. Turns old
+// booked ahead are not taken over (a bucket's within its window excepted):
+// their callers book them again. Counted under old later (a fleet's
+// workers change over one by one) is not seen.
+func Replacing(old Limiter) Option {
+	return func(o *options) error {
+		o.replaces = old
+		return nil
+	}
+}
+
+// replacedOf checks that c can replace old (see Replacing).
+func replacedOf(c compiled, old compiled) error {
+	if c.algorithm != old.algorithm {
+		return fmt.Errorf("%w: Replacing: a %s limiter cannot take over the state of a %s one", ErrInvalidSpec, c.algorithm.Name, old.algorithm.Name)
+	}
+	return nil
 }
 
 func applyOptions(spec Spec, opts []Option) (options, error) {

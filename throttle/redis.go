@@ -27,6 +27,15 @@ type redisLimiter struct {
 	twin   *localTwin // the local policy's in-process limit; nil for the others
 	fair   *fairKeys  // a fair share (NewFairShare); nil for the limits
 	recent bool       // WithRecentThrottles
+	// replaces: the limit this one took the place of (Replacing), or nil;
+	// its prefix and spec only, so that a chain of changes keeps no
+	// limiter alive.
+	replaces *replacedLimit
+}
+
+type replacedLimit struct {
+	prefix string
+	spec   compiled
 }
 
 var _ limiter = (*redisLimiter)(nil)
@@ -53,6 +62,16 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) 
 		return nil, err
 	}
 	l := &redisLimiter{base: base{spec: c}, calls: batcherFor(rdb, o.inFlight), clock: o.clock, prefix: o.prefix, onErr: o.onRedisError, recent: o.recent}
+	if o.replaces != nil {
+		old, ok := o.replaces.(*redisLimiter)
+		if !ok || old.fair != nil {
+			return nil, fmt.Errorf("%w: Replacing: New replaces a limiter of New, got %T", ErrInvalidSpec, o.replaces)
+		}
+		if err := replacedOf(c, old.spec); err != nil {
+			return nil, err
+		}
+		l.replaces = &replacedLimit{prefix: old.prefix, spec: old.spec}
+	}
 	l.base.self = l
 	if o.onRedisError == OnRedisErrorLocal {
 		l.twin = &localTwin{spec: spec, shares: o.shares, clock: o.clock}
@@ -113,6 +132,10 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 			ID: p.id, KeptKey: keptKey(state, p.id)}
 		if l.recent {
 			c.RecentKey = recentKey(state)
+		}
+		if r := l.replaces; r != nil {
+			old := redisKey(r.prefix, p.key)
+			c.Replaces = &algorithms.Replaced{Algorithm: r.spec.algorithm, Params: r.spec.params, Key: old, Aux: auxKey(old)}
 		}
 		if l.fair != nil {
 			state = redisKey(l.prefix, l.fair.tag)
