@@ -64,7 +64,8 @@ if op == 'park' then
   -- The wait: the tasks ahead in its line and itself, at its key's share
   -- of the drain if every active key stays backlogged.
   local function estimate(waiting, W)
-    return math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
+    local share = math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
+    return math.max(share, fair_num(state, 'b:' .. m) - now)
   end
   if ARGV[11] == '1' then
     local W = fair_num(state, 'W') - fair_num(state, 'w:' .. m) + weight
@@ -120,7 +121,9 @@ if fair then
     if room <= 0 then break end
     local w = fair_num(state, 'w:' .. m)
     local let = 0
-    while room > 0 do
+    -- A key paced by its own limits waits for its turn to be in reach.
+    local reach = fair_num(state, 'b:' .. m)
+    while room > 0 and reach <= now do
       local first = redis.call('ZRANGEBYLEX', lines, '[' .. m .. ' ', '(' .. m .. '!', 'LIMIT', 0, 1)[1]
       if not first then break end
       local n, len, rest = string.match(first, '^%S+ %d+ (%d+) (%d+) (.*)$')
