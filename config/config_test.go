@@ -449,6 +449,26 @@ func TestDefaultConfigFile(t *testing.T) {
 	}
 }
 
+// TestExampleCRMQuota (issue 20.2): the worked example of the README's
+// guide, 5 per second and 10,000 per day per token, loads, and its
+// per-second quota is counted over 1s plus the default guard.
+func TestExampleCRMQuota(t *testing.T) {
+	f, err := Load(filepath.Join("..", "examples", "crm-quota", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.Jobs.Defaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if got := cfg.Quotas["crm-per-second"].Spec(); got.Period != 1075*time.Millisecond || got.Limit != 5 {
+		t.Errorf("crm-per-second = %+v, want 5 per 1.075s", got)
+	}
+	if got := cfg.Quotas["crm-per-day"].Spec(); got.Period != 24*time.Hour || got.Limit != 10000 {
+		t.Errorf("crm-per-day = %+v, want 10000 per 24h", got)
+	}
+}
+
 func TestRedisClients(t *testing.T) {
 	for _, tt := range []struct {
 		desc        string

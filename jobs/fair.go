@@ -29,9 +29,11 @@ import (
 // A key held back by its own quota books where the quota puts its turn,
 // later than the drain would: that turn is paced by the key, and does not
 // count in its share of the drain's near future (it is spaced at the
-// key's share's rate instead, and booked at most fairReach ahead), so the
-// key takes its full quota when that is less than its share, and the
-// drain's other turns go to the others.
+// key's share's rate instead, and booked at most 1 s ahead: FAIR_REACH in
+// lua/fair.lua; a task whose turn is further waits in its key's line until
+// it is in reach, so that the pace follows the shares as keys come and
+// go), so the key takes its full quota when that is less than its share,
+// and the drain's other turns go to the others.
 const (
 	// fairHorizon is how much of the drain's future all keys together
 	// may hold booked: short, so that a newcomer waits little, and within
@@ -42,11 +44,6 @@ const (
 	// of its line, reaches a worker and books before the turn has passed:
 	// with a share of one turn, the key kept only 84% of a drain of 5/s.
 	fairLead = 200 * time.Millisecond
-	// fairReach is how far ahead a key books turns paced by its own quota
-	// (FAIR_REACH in lua/fair.lua); a task whose turn is further waits in
-	// its key's line until it is in reach, so that the pace follows the
-	// shares as keys come and go.
-	fairReach = time.Second
 	// fairParkedView is how long a worker sends the fresh tasks of a key
 	// refused its share straight to its line, without asking.
 	fairParkedView = time.Second

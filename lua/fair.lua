@@ -58,7 +58,7 @@ local FAIR_FAR = 2 ^ 50 -- µs beyond any booking's wait: a refusal
 -- reach a worker and book.
 local FAIR_LEAD = 200000
 -- FAIR_REACH (µs): how far ahead a key books turns paced by its own
--- limits (fairReach in jobs/fair.go).
+-- limits (see jobs/fair.go).
 local FAIR_REACH = 1000000
 
 local function fair_num(state, field)

@@ -75,7 +75,9 @@ if op == 'park' then
   redis.call('ZADD', lines, 0, string.format('%s %015d %d %d %s%s', m, seq, n, #id, id, booking))
   local waiting = redis.call('HINCRBY', state, 'p:' .. m, 1)
   if KEYS[7] then recent_note_in(KEYS[7], m, now, n) end
-  fair_touch(state, m, weight)
+  -- A key that waits for its own limits (fair.lua's b:<m>) asks nothing of
+  -- the drain now: its weight does not count against the others' shares.
+  if fair_num(state, 'b:' .. m) <= now then fair_touch(state, m, weight) end
   redis.call('ZADD', keys, 'NX', now, m)
   for _, key in ipairs({state, lines, keys}) do fair_keep(key, FAIR_LIFE) end
   return estimate(waiting, fair_num(state, 'W'))
@@ -128,7 +130,7 @@ if fair then
       if not first then break end
       local n, len, rest = string.match(first, '^%S+ %d+ (%d+) (%d+) (.*)$')
       n, len = tonumber(n), tonumber(len)
-      if w > 0 and not fair_fits(state, m, w, depth, n) then break end
+      if not fair_fits(state, m, math.max(w, 1), depth, n) then break end
       redis.call('ZREM', lines, first)
       local id, booking = string.sub(rest, 1, len), string.sub(rest, len + 1)
       redis.call('ZADD', aux, now + RELEASE_LIFE, string.format('r %s %d %s', m, n, booking))
