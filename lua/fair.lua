@@ -14,10 +14,11 @@
 -- in its line in Redis, and the queue's waker (wake.lua) lets them out as
 -- their key's share allows.
 --
--- A turn due within FAIR_LEAD no longer counts: the key's next task is let
--- out of its line and books while that turn is still to come, so a key
--- alone with a share of one turn (a drain of 5/s) keeps every turn of the
--- drain, not one per trip through its line.
+-- A turn due within the lead (one turn of the drain, at most FAIR_LEAD) no
+-- longer counts: the key's next task is let out of its line and books
+-- while that turn is still to come, so a key alone with a share of one
+-- turn (a drain of 5/s) keeps every turn of the drain, not one per trip
+-- through its line. (At higher rates the share itself covers that trip.)
 --
 -- A key held back by its own limits (a quota per customer) books where
 -- they put its turn, later than the drain's next: such a turn is paced by
@@ -53,9 +54,8 @@
 -- Key values m are escaped as hash tags are (no spaces).
 
 local FAIR_FAR = 2 ^ 50 -- µs beyond any booking's wait: a refusal
--- FAIR_LEAD (µs): a turn due this soon no longer counts (fairLead in
--- jobs/fair.go): about how long a task let out of its line takes to
--- reach a worker and book.
+-- FAIR_LEAD (µs): the longest lead (fairLead in jobs/fair.go): about how
+-- long a task let out of its line takes to reach a worker and book.
 local FAIR_LEAD = 200000
 -- FAIR_REACH (µs): how far ahead a key books turns paced by its own
 -- limits (see jobs/fair.go).
@@ -89,12 +89,18 @@ local function fair_unpace(state, m, n)
   if redis.call('HINCRBY', state, 'q:' .. m, -n) <= 0 then redis.call('HDEL', state, 'q:' .. m, 'g:' .. m) end
 end
 
--- fair_trim forgets what passed, or is due within FAIR_LEAD: turns, and
+-- fair_lead is the lead of a drain of limit per period (µs): one turn, at
+-- most FAIR_LEAD.
+local function fair_lead(limit, period)
+  return math.min(FAIR_LEAD, ceildiv(period, limit))
+end
+
+-- fair_trim forgets what passed, or is due within lead: turns, and
 -- releases never booked.
-local function fair_trim(state, aux, now)
-  local gone = redis.call('ZRANGEBYSCORE', aux, '-inf', now + FAIR_LEAD)
+local function fair_trim(state, aux, now, lead)
+  local gone = redis.call('ZRANGEBYSCORE', aux, '-inf', now + lead)
   if #gone == 0 then return end
-  redis.call('ZREMRANGEBYSCORE', aux, '-inf', now + FAIR_LEAD)
+  redis.call('ZREMRANGEBYSCORE', aux, '-inf', now + lead)
   for _, member in ipairs(gone) do
     local kind, m, n = string.match(member, '^(%a) (%S+) (%d+)')
     if kind == 'f' then
@@ -133,7 +139,8 @@ local function new_fair(state, aux, p)
   local m, weight, depth = p.member, p.windows, p.burst
 
   function self.trim(now)
-    fair_trim(state, aux, now)
+    self.lead = fair_lead(p.limit, p.period)
+    fair_trim(state, aux, now, self.lead)
     self.now = now
   end
 
@@ -163,7 +170,7 @@ local function new_fair(state, aux, p)
   end
 
   function self.record(at)
-    if at <= self.now + FAIR_LEAD then return '' end -- passes at once: holds nothing
+    if at <= self.now + self.lead then return '' end -- passes at once: holds nothing
     local seq = redis.call('HINCRBY', state, 's', 1)
     if self.paced then
       local step = ceildiv(p.period * depth, p.limit * fair_share(state, m, weight, depth))

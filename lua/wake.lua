@@ -25,7 +25,8 @@
 -- resign: ARGV[3] -> the worker that no longer takes
 -- rush:   every task is due now (the limits changed: their turns are void)
 -- take, fair: ARGV[7] -> the depth shared (fair.lua), ARGV[8] -> the most
---         keys looked at
+--         keys looked at, ARGV[9], ARGV[10] -> the drain's limit and period
+--         (µs)
 -- park:   ARGV[3] -> a task id, ARGV[4] -> its booking id, ARGV[5] -> its
 --         key value (as fair.lua names it), ARGV[6] -> its weight,
 --         ARGV[7] -> its cost, ARGV[8], ARGV[9] -> the drain's limit and
@@ -55,7 +56,7 @@ if op == 'park' then
   local state, aux, lines, keys = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
   local id, booking, m = ARGV[3], ARGV[4], ARGV[5]
   local weight, n = tonumber(ARGV[6]), tonumber(ARGV[7])
-  fair_trim(state, aux, now)
+  fair_trim(state, aux, now, fair_lead(tonumber(ARGV[8]), tonumber(ARGV[9])))
   -- A task let out of its line must book, not wait again (a worker that
   -- saw its key refused a moment ago would send it back to the line).
   if ARGV[10] == '1' and redis.call('ZSCORE', aux, string.format('r %s %d %s', m, n, booking)) then
@@ -117,7 +118,7 @@ local RELEASE_LIFE = 2000000 -- µs a task let out has to book
 if fair then
   local state, aux, lines, keys = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
   local depth, most = tonumber(ARGV[7]), tonumber(ARGV[8])
-  fair_trim(state, aux, now)
+  fair_trim(state, aux, now, fair_lead(tonumber(ARGV[9]), tonumber(ARGV[10])))
   local room = tonumber(ARGV[3]) - #ids
   for _, m in ipairs(redis.call('ZRANGE', keys, 0, most - 1)) do
     if room <= 0 then break end

@@ -198,7 +198,7 @@ func spanOf(times []time.Time) time.Duration {
 // passed: 4.21/s (84%).
 func TestFairDrainDelivered(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct{ perSecond, keys, tasks int }{{5, 1, 60}, {5, 6, 60}, {100, 1, 1000}, {100, 6, 1000}} {
+	for _, c := range []struct{ perSecond, keys, tasks int }{{5, 1, 100}, {5, 6, 100}, {100, 1, 1000}, {100, 6, 1000}} {
 		t.Run(fmt.Sprintf("%d per second, %d customers", c.perSecond, c.keys), func(t *testing.T) {
 			t.Parallel()
 			queue := redistest.Queue(t, "fair")
