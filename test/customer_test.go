@@ -193,9 +193,11 @@ func spanOf(times []time.Time) time.Duration {
 // 5/s and at 100/s (leaky bucket, burst 1) with fair shares by customer,
 // no quota, the queue backlogged with 1 customer and with 6: as the CRM
 // sees them, the requests come at the drain's rate within 2%, from the
-// first to the last. Before, a customer alone at 5/s held one turn ahead,
-// and its next task came through its line only after that turn had
-// passed: 4.21/s (84%).
+// first to the last. About 20 s, side by side. Users measured 4.21/s (84%)
+// for a customer alone at 5/s, which held one turn ahead, its next task
+// coming through its line only after that turn had passed; on this
+// machine the old code delivered 5.00/s and 4.92/s at 5/s too (and 100/s),
+// so this test guards the lead that fixes it rather than showing the bug.
 func TestFairDrainDelivered(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ perSecond, keys, tasks int }{{5, 1, 100}, {5, 6, 100}, {100, 1, 1000}, {100, 6, 1000}} {
