@@ -23,8 +23,8 @@ import (
 // room, and a task let out books as any other. So a
 // backlog of one key never fills the drain's future: a newcomer's first
 // task books behind at most max(fairHorizon of turns, W turns) and the
-// turn due within the lead (see lead), W the sum of the weights of the keys with
-// turns booked or tasks in line.
+// turn due within the lead (see lead), W the sum of the weights of the
+// keys with turns booked or tasks in line.
 //
 // A key held back by its own quota books where the quota puts its turn,
 // later than the drain would: that turn is paced by the key, and does not
