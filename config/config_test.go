@@ -24,7 +24,7 @@ worker:  {concurrency: 10, metrics_addr: 127.0.0.1:2112, hold_max: 1s, reserve_m
 queues:
   emails: {priority: 3, concurrency: 0, drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1, windows: 0, on_redis_error: local}}
 quotas:
-  example-api: {algorithm: token_bucket, limit: 10, period: 1s, burst: 5, windows: 0, on_redis_error: deny, max_block: 10m}
+  example-api: {algorithm: token_bucket, limit: 10, period: 1s, burst: 5, windows: 0, on_redis_error: deny, max_block: 10m, guard: 20ms}
 tasks:
   http:request: {quotas: [example-api], cost: 1, concurrency: 0}
 http:    {allow: [127.0.0.1, api.example.com]}
@@ -67,7 +67,7 @@ func TestLoadContract(t *testing.T) {
 				"emails": {Priority: 3, Drain: &jobs.LimitConfig{Algorithm: "leaky_bucket", Limit: 20, Period: time.Second, Burst: 1, OnRedisError: "local"}},
 			},
 			Quotas: map[string]jobs.LimitConfig{
-				"example-api": {Algorithm: "token_bucket", Limit: 10, Period: time.Second, Burst: 5, OnRedisError: "deny", MaxBlock: 10 * time.Minute},
+				"example-api": {Algorithm: "token_bucket", Limit: 10, Period: time.Second, Burst: 5, OnRedisError: "deny", MaxBlock: 10 * time.Minute, Guard: 20 * time.Millisecond},
 			},
 			Tasks: map[string]jobs.TaskConfig{"http:request": {Quotas: []string{"example-api"}, Cost: 1}},
 			HTTP:  jobs.HTTPConfig{Allow: []string{"127.0.0.1", "api.example.com"}},
@@ -188,6 +188,21 @@ func TestLoadProblems(t *testing.T) {
 				"queues.q.priority: must be >= 1, got -1",
 				"queues.q.drain.limit: must be > 0, got 0",
 			}},
+		// 20.2: a guard is bounded, and only where it means something.
+		{desc: "guards", yaml: addr + `queues: {q: {drain: {limit: 5, period: 1s, guard: 50ms}}}
+quotas:
+  cal: {algorithm: fixed_window, limit: 5, period: 1m, guard: 50ms}
+  long: {algorithm: sliding_log, limit: 5, period: 1s, guard: 2s}
+  neg: {algorithm: token_bucket, limit: 5, period: 1s, burst: 5, guard: -1ms}`,
+			want: []string{
+				"queues.q.drain.guard: applies to quotas only",
+				"quotas.cal.guard: a fixed_window counts the upstream's own calendar windows",
+				"quotas.long.guard: must be between 1ms and 10s, and at most the period (1s), got 2s",
+				"quotas.neg.guard: must be between 1ms and 10s, and at most the period (1s), got -1ms",
+			}},
+		{desc: "a guard from the environment", yaml: addr + "quotas: {api: {algorithm: sliding_log, limit: 5, period: 1s}}",
+			env:  map[string]string{"SLUICE_QUOTAS_API_GUARD": "20s"},
+			want: []string{"quotas.api.guard: must be between 1ms and 10s, and at most the period (1s), got 20s"}},
 		{desc: "unknown worker key", yaml: addr + "worker:\n  concurency: 20",
 			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, waiting, ui"}},
 		{desc: "unknown section", yaml: addr + "queue: {emails: {priority: 2}}",
@@ -431,6 +446,26 @@ func TestDefaultConfigFile(t *testing.T) {
 	}
 	if f.Jobs.Tasks["http:request"].Quotas[0] != "example-api" {
 		t.Errorf("http:request draws on %v, want [example-api]", f.Jobs.Tasks["http:request"].Quotas)
+	}
+}
+
+// TestExampleCRMQuota (issue 20.2): the worked example of the README's
+// guide, 5 per second and 10,000 per day per token, loads, and its
+// per-second quota is counted over 1s plus the default guard.
+func TestExampleCRMQuota(t *testing.T) {
+	f, err := Load(filepath.Join("..", "examples", "crm-quota", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.Jobs.Defaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	if got := cfg.Quotas["crm-per-second"].Spec(); got.Period != 1075*time.Millisecond || got.Limit != 5 {
+		t.Errorf("crm-per-second = %+v, want 5 per 1.075s", got)
+	}
+	if got := cfg.Quotas["crm-per-day"].Spec(); got.Period != 24*time.Hour || got.Limit != 10000 {
+		t.Errorf("crm-per-day = %+v, want 10000 per 24h", got)
 	}
 }
 

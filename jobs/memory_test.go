@@ -227,11 +227,14 @@ func (f *fairFixture) book(t *testing.T, id string, payload []byte, parked bool)
 }
 
 // tenants books a first task for each of n tenants (small payloads),
-// behind a task of another one's (whose turn is now, so passed): each
-// then holds a turn of the drain ahead, and its next task, with n tenants
-// holding turns, is over its share.
+// behind tasks of another one's whose turns fill the lead (due that soon,
+// they no longer count): each then holds a turn of the drain ahead, and
+// its next task, with n tenants holding turns, is over its share.
 func (f *fairFixture) tenants(t *testing.T, n int, tenant func(int) string) {
-	f.book(t, "lead", []byte(`{"tenant": "lead"}`), false)
+	g := f.gate()
+	for i := range int(int64(g.limit)*int64(g.lead())/int64(g.period)) + 1 {
+		f.book(t, fmt.Sprint("lead-", i), []byte(`{"tenant": "lead"}`), false)
+	}
 	for i := range n {
 		f.book(t, fmt.Sprint("first-", i), fmt.Appendf(nil, `{"tenant": %q}`, tenant(i)), false)
 	}

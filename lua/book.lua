@@ -183,8 +183,21 @@ local at = start
 for _, c in ipairs(claims) do
   c.from = math.max(start, c.g.blocked)
   c.own = c.from
-  if c.from - now <= max_wait then c.own = c.g.earliest(c.from) end
+  if c.from - now <= max_wait and not c.g.follows then c.own = c.g.earliest(c.from) end
   if c.own > at then at = c.own end
+end
+-- A fair share is asked last, told where the claims before it (the
+-- drain) and after it (the key's own quotas) would put the turn.
+for i, c in ipairs(claims) do
+  if c.g.follows and c.from - now <= max_wait then
+    local drain_at, own_at = c.from, c.from
+    for j, other in ipairs(claims) do
+      if j < i then drain_at = math.max(drain_at, other.own) elseif j > i then own_at = math.max(own_at, other.own) end
+    end
+    c.g.follows(drain_at, own_at)
+    c.own = c.g.earliest(math.max(drain_at, own_at))
+    if c.own > at then at = c.own end
+  end
 end
 -- One claim's own earliest turn is the turn.
 local settled = #claims == 1 and at - now <= max_wait

@@ -14,14 +14,39 @@
 -- in its line in Redis, and the queue's waker (wake.lua) lets them out as
 -- their key's share allows.
 --
+-- A turn due within the lead (one turn of the drain, at most FAIR_LEAD) no
+-- longer counts: the key's next task is let out of its line and books
+-- while that turn is still to come, so a key alone with a share of one
+-- turn (a drain of 5/s) keeps every turn of the drain, not one per trip
+-- through its line. (At higher rates the share itself covers that trip.)
+--
+-- A key held back by its own limits (a quota per customer) books where
+-- they put its turn, later than the drain's next: such a turn is paced by
+-- the key, not by the drain's one tail, and holding it ahead takes no
+-- share of the drain's near future from the others. It is kept apart
+-- ('f', not counted in c:<m>), so that the key takes its full quota while
+-- the rest of the drain goes to the others; and so that a key whose own
+-- limit is above its share does not take more than its share by pacing
+-- itself, its paced turns are spaced at its share's rate (g:<m>, a GCRA
+-- with a burst of its share). A key books paced turns at most FAIR_REACH
+-- ahead, so that the pace follows the shares as keys come and go: a task
+-- whose paced turn would be further waits in its key's line, and the
+-- waker lets none of the key's tasks out before b:<m>, when its turn is
+-- within reach.
+--
 -- state (hash, the queue's hash tag):
 --   W      -> the weights of the active keys
 --   s      -> a sequence, for unique members
 --   c:<m>  -> the cost key m holds in the future (turns and releases)
 --   w:<m>  -> m's weight, while m is active
 --   p:<m>  -> m's tasks waiting in its line
+--   q:<m>  -> the cost of the paced turns m holds in the future
+--   g:<m>  -> the instant m's paced turns reach at its share's rate, while
+--             it holds some
+--   b:<m>  -> not before: m's tasks stay in its line until then
 -- aux (sorted set, same slot): what keys hold in the future, by instant:
 --   't <m> <n> <seq>'  a turn of n
+--   'f <m> <n> <seq>'  a turn of n paced by m's own limits (not counted)
 --   'r <m> <n> <id>'   n for a task let out of its line, booking under id
 -- lines (sorted set, all scores 0, in order of members):
 --   '<m> <seq, 15 digits> <n> <task id>'
@@ -29,6 +54,12 @@
 -- Key values m are escaped as hash tags are (no spaces).
 
 local FAIR_FAR = 2 ^ 50 -- µs beyond any booking's wait: a refusal
+-- FAIR_LEAD (µs): the longest lead (fairLead in jobs/fair.go): about how
+-- long a task let out of its line takes to reach a worker and book.
+local FAIR_LEAD = 200000
+-- FAIR_REACH (µs): how far ahead a key books turns paced by its own
+-- limits (see jobs/fair.go).
+local FAIR_REACH = 1000000
 
 local function fair_num(state, field)
   return tonumber(redis.call('HGET', state, field) or 0)
@@ -49,19 +80,35 @@ local function fair_settle(state, m)
   if fair_num(state, 'c:' .. m) <= 0 and fair_num(state, 'p:' .. m) <= 0 then
     local w = redis.call('HGET', state, 'w:' .. m)
     if w then redis.call('HINCRBY', state, 'W', -tonumber(w)) end
-    redis.call('HDEL', state, 'w:' .. m, 'c:' .. m, 'p:' .. m)
+    redis.call('HDEL', state, 'w:' .. m, 'c:' .. m, 'p:' .. m, 'b:' .. m)
   end
 end
 
--- fair_trim forgets what passed: turns, and releases never booked.
-local function fair_trim(state, aux, now)
-  local gone = redis.call('ZRANGEBYSCORE', aux, '-inf', now)
+-- fair_unpace forgets n of m's paced turns; its pace once it holds none.
+local function fair_unpace(state, m, n)
+  if redis.call('HINCRBY', state, 'q:' .. m, -n) <= 0 then redis.call('HDEL', state, 'q:' .. m, 'g:' .. m) end
+end
+
+-- fair_lead is the lead of a drain of limit per period (µs): one turn, at
+-- most FAIR_LEAD.
+local function fair_lead(limit, period)
+  return math.min(FAIR_LEAD, ceildiv(period, limit))
+end
+
+-- fair_trim forgets what passed, or is due within lead: turns, and
+-- releases never booked.
+local function fair_trim(state, aux, now, lead)
+  local gone = redis.call('ZRANGEBYSCORE', aux, '-inf', now + lead)
   if #gone == 0 then return end
-  redis.call('ZREMRANGEBYSCORE', aux, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', aux, '-inf', now + lead)
   for _, member in ipairs(gone) do
-    local m, n = string.match(member, '^%a (%S+) (%d+)')
-    redis.call('HINCRBY', state, 'c:' .. m, -tonumber(n))
-    fair_settle(state, m)
+    local kind, m, n = string.match(member, '^(%a) (%S+) (%d+)')
+    if kind == 'f' then
+      fair_unpace(state, m, tonumber(n))
+    else
+      redis.call('HINCRBY', state, 'c:' .. m, -tonumber(n))
+      fair_settle(state, m)
+    end
   end
 end
 
@@ -92,20 +139,47 @@ local function new_fair(state, aux, p)
   local m, weight, depth = p.member, p.windows, p.burst
 
   function self.trim(now)
-    fair_trim(state, aux, now)
+    self.lead = fair_lead(p.limit, p.period)
+    fair_trim(state, aux, now, self.lead)
     self.now = now
   end
 
-  -- A key that may not hold more now cannot at any instant: the refusal
-  -- sends the task to its line.
+  -- follows tells the claim where the drain would put the turn (drain_at)
+  -- and where the key's own limits would (own_at): later, the key paces
+  -- itself (book.lua asks this before earliest).
+  function self.follows(drain_at, own_at)
+    self.paced = own_at > drain_at
+  end
+
+  -- A paced turn fits at its share's rate (GCRA: at most its share ahead
+  -- over the drain's span of depth turns). Otherwise a key that may not
+  -- hold more now cannot at any instant: the refusal sends the task to its
+  -- line.
   function self.earliest(at)
+    if self.paced then
+      local step = ceildiv(p.period * depth, p.limit * fair_share(state, m, weight, depth))
+      local span = ceildiv(p.period * depth, p.limit)
+      local tat = math.max(fair_num(state, 'g:' .. m), at)
+      local paced_at = math.max(at, tat + p.n * step - span)
+      if paced_at <= self.now + FAIR_REACH then return paced_at end
+      redis.call('HSET', state, 'b:' .. m, paced_at - FAIR_REACH)
+      return self.now + FAIR_FAR
+    end
     if fair_fits(state, m, weight, depth, p.n) then return at end
     return self.now + FAIR_FAR
   end
 
   function self.record(at)
-    if at <= self.now then return '' end -- passed at once: holds nothing
+    if at <= self.now + self.lead then return '' end -- passes at once: holds nothing
     local seq = redis.call('HINCRBY', state, 's', 1)
+    if self.paced then
+      local step = ceildiv(p.period * depth, p.limit * fair_share(state, m, weight, depth))
+      redis.call('HSET', state, 'g:' .. m, math.max(fair_num(state, 'g:' .. m), at) + p.n * step)
+      redis.call('HINCRBY', state, 'q:' .. m, p.n)
+      local member = string.format('f %s %d %d', m, p.n, seq)
+      redis.call('ZADD', aux, at, member)
+      return member
+    end
     local member = string.format('t %s %d %d', m, p.n, seq)
     redis.call('ZADD', aux, at, member)
     redis.call('HINCRBY', state, 'c:' .. m, p.n)
@@ -115,7 +189,11 @@ local function new_fair(state, aux, p)
 
   function self.give_back(pieces)
     if pieces ~= '' and redis.call('ZREM', aux, pieces) == 1 then
-      local n = string.match(pieces, '^%a %S+ (%d+)')
+      local kind, n = string.match(pieces, '^(%a) %S+ (%d+)')
+      if kind == 'f' then
+        fair_unpace(state, m, tonumber(n))
+        return
+      end
       redis.call('HINCRBY', state, 'c:' .. m, -tonumber(n))
       fair_settle(state, m)
     end

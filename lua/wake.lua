@@ -25,7 +25,8 @@
 -- resign: ARGV[3] -> the worker that no longer takes
 -- rush:   every task is due now (the limits changed: their turns are void)
 -- take, fair: ARGV[7] -> the depth shared (fair.lua), ARGV[8] -> the most
---         keys looked at
+--         keys looked at, ARGV[9], ARGV[10] -> the drain's limit and period
+--         (µs)
 -- park:   ARGV[3] -> a task id, ARGV[4] -> its booking id, ARGV[5] -> its
 --         key value (as fair.lua names it), ARGV[6] -> its weight,
 --         ARGV[7] -> its cost, ARGV[8], ARGV[9] -> the drain's limit and
@@ -55,7 +56,7 @@ if op == 'park' then
   local state, aux, lines, keys = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
   local id, booking, m = ARGV[3], ARGV[4], ARGV[5]
   local weight, n = tonumber(ARGV[6]), tonumber(ARGV[7])
-  fair_trim(state, aux, now)
+  fair_trim(state, aux, now, fair_lead(tonumber(ARGV[8]), tonumber(ARGV[9])))
   -- A task let out of its line must book, not wait again (a worker that
   -- saw its key refused a moment ago would send it back to the line).
   if ARGV[10] == '1' and redis.call('ZSCORE', aux, string.format('r %s %d %s', m, n, booking)) then
@@ -64,7 +65,8 @@ if op == 'park' then
   -- The wait: the tasks ahead in its line and itself, at its key's share
   -- of the drain if every active key stays backlogged.
   local function estimate(waiting, W)
-    return math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
+    local share = math.floor(waiting * n * W * tonumber(ARGV[9]) / (tonumber(ARGV[8]) * weight))
+    return math.max(share, fair_num(state, 'b:' .. m) - now)
   end
   if ARGV[11] == '1' then
     local W = fair_num(state, 'W') - fair_num(state, 'w:' .. m) + weight
@@ -74,7 +76,9 @@ if op == 'park' then
   redis.call('ZADD', lines, 0, string.format('%s %015d %d %d %s%s', m, seq, n, #id, id, booking))
   local waiting = redis.call('HINCRBY', state, 'p:' .. m, 1)
   if KEYS[7] then recent_note_in(KEYS[7], m, now, n) end
-  fair_touch(state, m, weight)
+  -- A key that waits for its own limits (fair.lua's b:<m>) asks nothing of
+  -- the drain now: its weight does not count against the others' shares.
+  if fair_num(state, 'b:' .. m) <= now then fair_touch(state, m, weight) end
   redis.call('ZADD', keys, 'NX', now, m)
   for _, key in ipairs({state, lines, keys}) do fair_keep(key, FAIR_LIFE) end
   return estimate(waiting, fair_num(state, 'W'))
@@ -114,18 +118,20 @@ local RELEASE_LIFE = 2000000 -- µs a task let out has to book
 if fair then
   local state, aux, lines, keys = KEYS[3], KEYS[4], KEYS[5], KEYS[6]
   local depth, most = tonumber(ARGV[7]), tonumber(ARGV[8])
-  fair_trim(state, aux, now)
+  fair_trim(state, aux, now, fair_lead(tonumber(ARGV[9]), tonumber(ARGV[10])))
   local room = tonumber(ARGV[3]) - #ids
   for _, m in ipairs(redis.call('ZRANGE', keys, 0, most - 1)) do
     if room <= 0 then break end
     local w = fair_num(state, 'w:' .. m)
     local let = 0
-    while room > 0 do
+    -- A key paced by its own limits waits for its turn to be in reach.
+    local reach = fair_num(state, 'b:' .. m)
+    while room > 0 and reach <= now do
       local first = redis.call('ZRANGEBYLEX', lines, '[' .. m .. ' ', '(' .. m .. '!', 'LIMIT', 0, 1)[1]
       if not first then break end
       local n, len, rest = string.match(first, '^%S+ %d+ (%d+) (%d+) (.*)$')
       n, len = tonumber(n), tonumber(len)
-      if w > 0 and not fair_fits(state, m, w, depth, n) then break end
+      if not fair_fits(state, m, math.max(w, 1), depth, n) then break end
       redis.call('ZREM', lines, first)
       local id, booking = string.sub(rest, 1, len), string.sub(rest, len + 1)
       redis.call('ZADD', aux, now + RELEASE_LIFE, string.format('r %s %d %s', m, n, booking))

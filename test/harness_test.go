@@ -1,5 +1,5 @@
 // Package test holds sluice's end-to-end tests: real worker processes, built
-// from cmd/worker, examples/worker and test/panicworker, against the real redis-server that `make test` starts,
+// from cmd/worker, examples/worker, test/panicworker and test/customerworker, against the real redis-server that `make test` starts,
 // with a local HTTP server standing in for a third-party API.
 package test
 
@@ -38,8 +38,8 @@ func TestMain(m *testing.M) {
 	bin = dir
 	// -buildvcs=auto: --version shows the revision where git can tell it,
 	// whatever GOFLAGS says.
-	for out, pkgs := range map[string]string{dir + "/": "../cmd/...", dir + "/examples/": "../examples/...", dir + "/test/": "./panicworker"} {
-		build := exec.Command("go", "build", "-buildvcs=auto", "-o", out, pkgs)
+	for out, pkgs := range map[string][]string{dir + "/": {"../cmd/..."}, dir + "/examples/": {"../examples/..."}, dir + "/test/": {"./panicworker", "./customerworker"}} {
+		build := exec.Command("go", append([]string{"build", "-buildvcs=auto", "-o", out}, pkgs...)...)
 		build.Stdout, build.Stderr = os.Stdout, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintf(os.Stderr, "building %s: %v\n", pkgs, err)
@@ -93,7 +93,7 @@ func startWorker(t *testing.T, config string, env ...string) *worker {
 }
 
 // startWorkerBinary starts a worker built from the package of binary, a path
-// in bin ("worker", "examples/worker", "test/panicworker"), with args, as startWorker does.
+// in bin ("worker", "examples/worker", "test/panicworker", "test/customerworker"), with args, as startWorker does.
 func startWorkerBinary(t *testing.T, binary string, args []string, env ...string) *worker {
 	t.Helper()
 	w := &worker{metrics: freeAddr(t), log: filepath.Join(t.TempDir(), "worker.log")}

@@ -1,0 +1,46 @@
+package jobs
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// TestLimitGuard (issue 20.2): a quota's guard makes what sluice books
+// stricter than the upstream's rule by the jitter it absorbs: a sliding
+// window counts over period + guard (75ms by default), a bucket's burst
+// is lowered by the events of the guard at its rate but never below 1 (no
+// guard by default), and a fixed window, the upstream's calendar window,
+// is left as it is.
+func TestLimitGuard(t *testing.T) {
+	for _, tt := range []struct {
+		desc string
+		l    LimitConfig
+		want throttle.Spec
+	}{
+		{desc: "sliding log, default guard", l: LimitConfig{Algorithm: "sliding_log", Limit: 5, Period: time.Second},
+			want: throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 5, Period: 1075 * time.Millisecond}},
+		{desc: "sliding counter, its own guard", l: LimitConfig{Algorithm: "sliding_counter", Limit: 100, Period: time.Minute, Windows: 10, Guard: time.Second},
+			want: throttle.Spec{Algorithm: throttle.SlidingCounter, Limit: 100, Period: 61 * time.Second, Windows: 10}},
+		{desc: "token bucket, no guard by default", l: LimitConfig{Algorithm: "token_bucket", Limit: 10, Period: time.Second, Burst: 5},
+			want: throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 10, Period: time.Second, Burst: 5}},
+		{desc: "token bucket, guard of 2.5 events", l: LimitConfig{Algorithm: "token_bucket", Limit: 50, Period: time.Second, Burst: 10, Guard: 50 * time.Millisecond},
+			want: throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 50, Period: time.Second, Burst: 7}},
+		{desc: "leaky bucket, burst never below 1", l: LimitConfig{Algorithm: "leaky_bucket", Limit: 100, Period: time.Second, Burst: 2, Guard: 50 * time.Millisecond},
+			want: throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 100, Period: time.Second, Burst: 1}},
+		{desc: "fixed window, left as it is", l: LimitConfig{Algorithm: "fixed_window", Limit: 1000, Period: 24 * time.Hour},
+			want: throttle.Spec{Algorithm: throttle.FixedWindow, Limit: 1000, Period: 24 * time.Hour}},
+	} {
+		t.Run(tt.desc, func(t *testing.T) {
+			cfg := Config{Quotas: map[string]LimitConfig{"api": tt.l}}.Defaults()
+			if errs := cfg.Validate(); len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			if got := cfg.Quotas["api"].Spec(); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("Spec() = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
