@@ -101,23 +101,37 @@ func TestCustomerQuota(t *testing.T) {
 	}
 }
 
+// customerConfig is the config of the README's "Per-customer API quotas,
+// start to finish", as it is, on redis (backend.yaml) with queue and quota
+// named for the test, and without its fairness line unless fair.
+func customerConfig(t *testing.T, redis, queue, quota string, fair bool) string {
+	t.Helper()
+	config := readmeSnippet(t, "## Per-customer API quotas, start to finish", "yaml")
+	var lines []string
+	for _, line := range strings.Split(config, "\n") {
+		switch {
+		case strings.HasPrefix(line, "redis:"):
+			line = strings.TrimSpace(redis)
+		case strings.Contains(line, "fairness:") && !fair:
+			continue
+		}
+		lines = append(lines, line)
+	}
+	config = strings.Join(lines, "\n")
+	for from, to := range map[string]string{"\n  crm:\n": "\n  " + queue + ":\n", "\n  crm-api:": "\n  " + quota + ":", "[crm-api]": "[" + quota + "]"} {
+		if !strings.Contains(config, from) {
+			t.Fatalf("the README's config has no %q:\n%s", from, config)
+		}
+		config = strings.Replace(config, from, to, 1)
+	}
+	return config
+}
+
 func runCustomerQuota(t *testing.T, fair bool) {
 	const big, small, each = 300, 5, 10
 	queue, quota := redistest.Queue(t, "crm"), redistest.Queue(t, "per-token")
-	fairness := ""
-	if fair {
-		fairness = "    fairness: {key: payload.customer}\n"
-	}
 	c := newCRM(t)
-	path := writeConfig(t, fmt.Sprintf(`%s
-queues:
-  %s:
-    drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1}
-%squotas:
-  %s: {algorithm: sliding_log, limit: 5, period: 1s, key: payload.token}
-tasks:
-  crm:sync: {quotas: [%s]}
-`, backends[0].yaml(t), queue, fairness, quota, quota))
+	path := writeConfig(t, customerConfig(t, backends[0].yaml(t), queue, quota, fair))
 	for range 2 {
 		startWorkerBinary(t, "test/customerworker", []string{"--config", path, "--crm", c.URL})
 	}

@@ -16,9 +16,9 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// readmeSnippet returns the first Go code block of the README's section
-// headed heading.
-func readmeSnippet(t *testing.T, heading string) string {
+// readmeSnippet returns the first code block in language lang ("go",
+// "yaml") of the README's section headed heading.
+func readmeSnippet(t *testing.T, heading, lang string) string {
 	t.Helper()
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
@@ -28,9 +28,10 @@ func readmeSnippet(t *testing.T, heading string) string {
 	if !ok {
 		t.Fatalf("README has no section %q", heading)
 	}
-	_, code, ok := strings.Cut(section, "```go\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, code, ok := strings.Cut(section, "```"+lang+"\n")
 	if !ok {
-		t.Fatalf("README section %q has no Go code block", heading)
+		t.Fatalf("README section %q has no %s code block", heading, lang)
 	}
 	code, _, _ = strings.Cut(code, "```")
 	return code
@@ -42,7 +43,7 @@ func readmeSnippet(t *testing.T, heading string) string {
 // a worker; log.Fatal exited 1.
 func TestReadmeWorkerSnippet(t *testing.T) {
 	t.Parallel()
-	code := readmeSnippet(t, "## Use sluice in your own worker")
+	code := readmeSnippet(t, "## Use sluice in your own worker", "go")
 	// A directory starting with _ is outside ./... patterns: go vet and the
 	// package list never see it.
 	dir, err := os.MkdirTemp(".", "_readme-worker-")
