@@ -43,16 +43,11 @@ const (
 // (3 servers in this process, no gates) draining 10,000 of the same tasks
 // as fast as it can.
 func runBacklog(ctx context.Context, b *bench) error {
-	dir, err := os.MkdirTemp("", "sluice-bench-backlog-")
+	dir, binary, err := buildWorker(ctx, b, "backlog")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b.progress("building cmd/worker into %s", dir)
-	binary := filepath.Join(dir, "worker")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", binary, "github.com/sluicehq/sluice/cmd/worker").CombinedOutput(); err != nil {
-		return fmt.Errorf("go build cmd/worker: %w\n%s", err, out)
-	}
 	opt := asynq.RedisClientOpt{Addr: b.addr}
 
 	b.progress("backlog: plain asynq")

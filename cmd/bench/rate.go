@@ -36,16 +36,11 @@ const rateSeconds = 11
 // arrives, at rising rates. What bounds it shows in the CPU each part used
 // per task.
 func runRate(ctx context.Context, b *bench) error {
-	dir, err := os.MkdirTemp("", "sluice-bench-rate-")
+	dir, binary, err := buildWorker(ctx, b, "rate")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b.progress("building cmd/worker into %s", dir)
-	binary := filepath.Join(dir, "worker")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", binary, "github.com/sluicehq/sluice/cmd/worker").CombinedOutput(); err != nil {
-		return fmt.Errorf("go build cmd/worker: %w\n%s", err, out)
-	}
 	api := newArrivals()
 	defer api.Close()
 
@@ -266,4 +261,21 @@ func freeLoopback() string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// buildWorker builds cmd/worker into a new temporary directory named for
+// section, and returns the directory (the caller removes it) and the
+// binary's path.
+func buildWorker(ctx context.Context, b *bench, section string) (dir, binary string, err error) {
+	dir, err = os.MkdirTemp("", "sluice-bench-"+section+"-")
+	if err != nil {
+		return "", "", err
+	}
+	b.progress("building cmd/worker into %s", dir)
+	binary = filepath.Join(dir, "worker")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", binary, "github.com/sluicehq/sluice/cmd/worker").CombinedOutput(); err != nil {
+		os.RemoveAll(dir)
+		return "", "", fmt.Errorf("go build cmd/worker: %w\n%s", err, out)
+	}
+	return dir, binary, nil
 }
