@@ -23,10 +23,15 @@ import (
 // once more when its turn is near; the waker's looks are counted too). A
 // refused task used to ask again about a second later, each time, until
 // its turn came: about N/(2·rate) asks for a task on average (5 here), each
-// a booking and a note.
+// a booking and a note. It counts the script runs of its own clients only,
+// so it runs beside the package's other tests that wait.
 func TestBacklogBooksBoundedTimes(t *testing.T) {
+	t.Parallel()
 	for name, rdb := range map[string]redis.UniversalClient{"redis": redistest.Client(t), "cluster": redistest.Cluster(t)} {
-		t.Run(name, func(t *testing.T) { testBacklogBooksBoundedTimes(t, rdb) })
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testBacklogBooksBoundedTimes(t, rdb)
+		})
 	}
 }
 

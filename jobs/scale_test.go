@@ -27,8 +27,10 @@ import (
 // once the turns have passed, the keys the gate keeps in Redis go back to
 // none but the one-minute counts of recent throttles (one per key, each to
 // expire within 70s), which the test measures, with used_memory, and
-// logs.
+// logs. It runs beside the package's other tests that wait (its figures
+// are Redis's instants and key counts, not the wall clock's).
 func TestKeyedQuotaScale(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name   string
 		client func(testing.TB) redis.UniversalClient
@@ -36,7 +38,10 @@ func TestKeyedQuotaScale(t *testing.T) {
 		{"redis", func(tb testing.TB) redis.UniversalClient { return redistest.Client(tb) }},
 		{"cluster", func(tb testing.TB) redis.UniversalClient { return redistest.Cluster(tb) }},
 	} {
-		t.Run(c.name, func(t *testing.T) { testKeyedQuotaScale(t, c.client(t)) })
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			testKeyedQuotaScale(t, c.client(t))
+		})
 	}
 }
 
