@@ -502,19 +502,45 @@ func TestEnqueueStatusWatch(t *testing.T) {
 	t.Parallel()
 	cmd := exec.Command(filepath.Join(bin, "enqueue"), "--config", enqueueConfig(t), "status", "--watch", "--json")
 	cmd.Env = append(os.Environ(), "SLUICE_REDIS_ADDR="+redistest.Addr(t))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2500 * time.Millisecond)
+	// Wait for two documents rather than a fixed time: on 2 busy cores the
+	// process's start alone can take most of a second.
+	docs := make(chan string)
+	go func() {
+		defer close(docs)
+		sc := bufio.NewScanner(pipe)
+		for sc.Scan() {
+			docs <- sc.Text()
+		}
+	}()
+	var lines []string
+	deadline := time.After(15 * time.Second)
+	for len(lines) < 2 {
+		select {
+		case line, ok := <-docs:
+			if !ok {
+				t.Fatalf("status --watch ended after %d documents: %v\n%s", len(lines), cmd.Wait(), stderr.String())
+			}
+			lines = append(lines, line)
+		case <-deadline:
+			cmd.Process.Kill()
+			t.Fatalf("%d documents in 15 s, want at least 2", len(lines))
+		}
+	}
 	cmd.Process.Signal(os.Interrupt)
+	for line := range docs {
+		lines = append(lines, line)
+	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("status --watch after Ctrl-C: %v\n%s", err, stderr.String())
-	}
-	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	if len(lines) < 2 {
-		t.Fatalf("%d documents in 2.5s, want at least 2:\n%s", len(lines), stdout.String())
 	}
 	for _, line := range lines {
 		var doc statusDoc
