@@ -106,7 +106,7 @@ type Booking struct {
 // an in-process twin of its limit.
 func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time.Duration, opts ...BookOption) (Booking, error) {
 	if maxWait < 0 {
-		return Booking{}, fmt.Errorf("%w: maxWait must be >= 0, got %v", ErrInvalidCost, maxWait)
+		return Booking{}, fmt.Errorf("%w: maxWait must be >= 0, got %v", ErrMisuse, maxWait)
 	}
 	parts, err := partsOf(claims)
 	if err != nil {
@@ -199,7 +199,7 @@ func partsOf(claims []Claim) ([]*part, error) {
 		}
 		for _, p := range parts[:i] {
 			if p.lim == lim && p.key == c.Key {
-				return nil, fmt.Errorf("%w: claims %d and %d are on the same key %q of one limiter: make them one claim", ErrInvalidCost, p.claim, i, c.Key)
+				return nil, fmt.Errorf("%w: claims %d and %d are on the same key %q of one limiter: make them one claim", ErrMisuse, p.claim, i, c.Key)
 			}
 		}
 		parts[i] = &part{claim: i, lim: lim, key: c.Key, n: int64(c.N), id: c.ID}
@@ -243,7 +243,7 @@ func groupsOf(parts []*part) []*group {
 func (g *group) run(ctx context.Context, s *step) error {
 	s.parts = g.parts
 	err := g.site.run(ctx, s)
-	if err == nil || ctx.Err() != nil || errors.Is(err, ErrInvalidCost) {
+	if err == nil || ctx.Err() != nil || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrMisuse) {
 		return err
 	}
 	var twins []*part

@@ -179,6 +179,29 @@ func TestBookAllOrNothing(t *testing.T) {
 	}
 }
 
+// TestBookMisuse: arguments Book cannot act on are ErrMisuse, not a
+// denial, and not a cost error; nothing is counted.
+func TestBookMisuse(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			ctx := context.Background()
+			twice := []throttle.Claim{{Limiter: drain, Key: "emails", N: 1}, {Limiter: drain, Key: "emails", N: 1}}
+			if _, err := throttle.Book(ctx, twice, time.Time{}, time.Second); !errors.Is(err, throttle.ErrMisuse) || errors.Is(err, throttle.ErrInvalidCost) {
+				t.Errorf("Book with two claims on one key: %v, want ErrMisuse only", err)
+			}
+			once := twice[:1]
+			if _, err := throttle.Book(ctx, once, time.Time{}, -time.Second); !errors.Is(err, throttle.ErrMisuse) {
+				t.Errorf("Book with a negative maxWait: %v, want ErrMisuse", err)
+			}
+			if level, err := drain.(throttle.Reserver).Peek(ctx, "emails"); err != nil || level.Remaining != 1 {
+				t.Fatalf("drain after the refused Books: %+v, %v; want its one event still free", level, err)
+			}
+		})
+	}
+}
+
 // TestBookTurnMoves: a claim that replaces an earlier turn gives it back in
 // the same step, so the turn it leaves is free for the next caller.
 func TestBookTurnMoves(t *testing.T) {

@@ -200,14 +200,14 @@ func (b *base) ReserveAfter(ctx context.Context, key string, n int, notBefore ti
 // Cancel implements Reserver.
 func (b *base) Cancel(ctx context.Context, key string, r Reservation) error {
 	if !r.OK {
-		return fmt.Errorf("%w: Cancel of a reservation that is not OK: it counted nothing, so there is nothing to give back", ErrInvalidCost)
+		return fmt.Errorf("%w: Cancel of a reservation that is not OK: it counted nothing, so there is nothing to give back", ErrMisuse)
 	}
 	if err := b.spec.checkCost(r.N); err != nil {
 		return err
 	}
 	pieces := b.spec.piecesOf(r)
 	if pieces == "" && !r.kept {
-		return fmt.Errorf("%w: Cancel of a bucket's reservation needs the Reservation its call returned (or its text)", ErrInvalidCost)
+		return fmt.Errorf("%w: Cancel of a bucket's reservation needs the Reservation its call returned (or its text)", ErrMisuse)
 	}
 	lim := b.self
 	switch r.Fallback {

@@ -13,8 +13,8 @@
 //		time.Sleep(d.RetryAfter)
 //	}
 //
-// A denial is a Decision, not an error; errors mean bad input (ErrInvalidCost)
-// or a failed backend.
+// A denial is a Decision, not an error; errors mean bad input
+// (ErrInvalidSpec, ErrInvalidCost, ErrMisuse) or a failed backend.
 package throttle
 
 import (
@@ -90,9 +90,15 @@ type Clock interface{ Now() time.Time }
 var (
 	// ErrInvalidSpec is wrapped by New and NewLocal when the Spec is unusable.
 	ErrInvalidSpec = errors.New("throttle: invalid spec")
-	// ErrInvalidCost is wrapped by AllowN when n <= 0 or n could never be
-	// admitted (more than Limit, or than Burst for the buckets).
+	// ErrInvalidCost is wrapped by AllowN (and the calls that take a cost)
+	// when n <= 0 or n could never be admitted (more than Limit, or than
+	// Burst for the buckets).
 	ErrInvalidCost = errors.New("throttle: invalid cost")
+	// ErrMisuse is wrapped when a call's other arguments cannot be acted
+	// on: a negative maxWait, two claims of one Book on one key, a Cancel
+	// of a reservation that counted nothing or without what its call
+	// returned.
+	ErrMisuse = errors.New("throttle: misuse")
 )
 
 // SpecError is the error New and NewLocal return for an unusable Spec. It
