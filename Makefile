@@ -7,20 +7,23 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 .PHONY: test vet lint bench run build redis-shell
 
 # Tests get a real standalone Redis and a 3-node Redis Cluster from
-# scripts/redis-env.sh (see SLUICE_TEST_REDIS_* there). The end-to-end
+# scripts/redis-env.sh (see SLUICE_TEST_REDIS_* there). The unit tests that
+# mostly wait (on TTLs, on Redis failing, on a manual clock's tasks) are
+# t.Parallel: 4 of them at once, where their waits overlap. The end-to-end
 # package (./test) runs after the others, not beside them: it measures
 # drain rates to the request, and unit tests sharing the CPUs would add
 # their noise to its timings. Its tests spend their time waiting on slow
 # drains, each on queues and keys of its own, so they run side by side
-# (E2E_PARALLEL at once), but for the two that load a 100,000-line file and
-# TestKeyedQuota (200 requests a second), which run alone first. It runs without -race: the code it tests runs in
-# the worker and enqueue binaries (built without it), and the test process,
-# which stamps the upstream's arrivals, must not stall while it measures.
-# Both parts run even if one fails.
+# (E2E_PARALLEL at once), but for the two that load a 100,000-line file
+# and TestKeyedQuota (200 requests a second), which run alone first. It
+# runs without -race: the code it tests runs in the worker and enqueue
+# binaries (built without it), and the test process, which stamps the
+# upstream's arrivals, must not stall while it measures. Both parts run
+# even if one fails.
 E2E_PARALLEL ?= 8
 test: vet lint
 	scripts/redis-env.sh bash -c '\
-		$(GO) test -race -count=1 -timeout 15m $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
+		$(GO) test -race -count=1 -timeout 15m -parallel 4 $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
 		$(GO) test -count=1 -timeout 15m -parallel $(E2E_PARALLEL) ./test; e2e=$$?; \
 		exit $$((unit || e2e))'
 

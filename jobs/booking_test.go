@@ -125,6 +125,7 @@ func TestBookThreeGates(t *testing.T) {
 
 // TestBookRedisFails: the limits' Redis is down; each policy decides.
 func TestBookRedisFails(t *testing.T) {
+	t.Parallel()
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * ms})
 	t.Cleanup(func() { dead.Close() })
 	t.Run("deny: ask again in a second, from Redis", func(t *testing.T) {

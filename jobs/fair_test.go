@@ -201,6 +201,7 @@ func TestFairNewcomerBound(t *testing.T) {
 // the tasks waiting in the old one's lines came back only on asynq's
 // fallback, 10 s and more later.
 func TestFairDrainRaised(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "fair")
 	cfg := func(perSecond int) Config {
 		drain := limit("leaky_bucket", perSecond, 1, "")
@@ -257,6 +258,7 @@ func TestFairDrainRaised(t *testing.T) {
 // not run. The copy was put in its line under the first id before that id
 // turned out taken, and the waker made the producer's task pending.
 func TestFairCopyIDTakenByAnother(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "fair")
 	drain := limit("leaky_bucket", 2, 1, "")
 	cfg := Config{

@@ -286,6 +286,7 @@ func TestBlocksAfterSilentDeath(t *testing.T) {
 // while the worker had no subscription (its announcement was lost) is read
 // back once it has subscribed again.
 func TestBlocksAfterFailover(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cluster := redistest.StartCluster(t)
 	rdb := cluster.Client(t)

@@ -153,6 +153,7 @@ func TestLocalPolicyFleetStart(t *testing.T) {
 // ungated queue on the same worker (concurrency 2) runs all its tasks at
 // once, and the gated tasks (Timeout 3s, MaxRetry 0) are never archived.
 func TestDenyWaitsInRedis(t *testing.T) {
+	t.Parallel()
 	gated, free := redistest.Queue(t, "gated"), redistest.Queue(t, "free")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{Concurrency: 2},

@@ -227,6 +227,7 @@ func TestSlotConfig(t *testing.T) {
 // waiting in Redis (none runs, none is lost); allow runs them without the
 // limit.
 func TestConcurrencyRedisRefused(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		policy string
 		check  func(t *testing.T, h *stoppable)

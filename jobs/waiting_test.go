@@ -29,6 +29,7 @@ func slowDrain(queue string) jobs.Config {
 // with a retry left waits in Redis (asynq's retry path); one with none left
 // waits in the worker (on the retry path asynq would archive it).
 func TestWaitKeepsIDAndUniqueLock(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		desc     string
 		maxRetry int
@@ -83,6 +84,7 @@ func TestWaitKeepsIDAndUniqueLock(t *testing.T) {
 // <id>~<hop>. A producer's task that already has that id is not taken for
 // the copy: the waiting task still runs, and so does the producer's.
 func TestCopyIDTakenByAnother(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	rec := &recorder{}
 	_, reg := fleet(t, slowDrain(queue), 1, rec)
