@@ -220,7 +220,7 @@ type clientKey struct{}
 // authenticate lets in a request whose API key is a known client's, or
 // one without a key when anonymous clients are allowed; others are
 // answered 401, and the refusal counts toward a ban on their address. An
-// intake whose config leaves it no clients (see noClients) answers every
+// intake whose config leaves it no clients (see Closed) answers every
 // request 503: the client did nothing wrong, and a ban would outlast the fix.
 func (in *Intake) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -144,12 +144,24 @@ func loaderClient(t *testing.T, addr string) *redis.Client {
 }
 
 // TestLoadFile loads a file checked by CheckTasks through a Loader, as
-// enqueue --file does, into a queue of the test's own: every task lands,
-// each reported in order with its line; loaded again, the line with a
-// task_id counts as already enqueued and the others land twice.
+// enqueue --file does, into a queue of the test's own, on a standalone
+// server and on the cluster: every task lands, each reported in order
+// with its line; loaded again, the line with a task_id counts as already
+// enqueued and the others land twice.
 func TestLoadFile(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) {
+		testLoadFile(t, loaderClient(t, redistest.Addr(t)), asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), PoolSize: producer.LoadPool, MaxRetries: -1, DialerRetries: 1})
+		t.Cleanup(func() { rdb.Close() })
+		testLoadFile(t, rdb, asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)})
+	})
+}
+
+func testLoadFile(t *testing.T, rdb redis.UniversalClient, opt asynq.RedisConnOpt) {
 	queue := redistest.Queue(t, "load")
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	inspector := asynq.NewInspector(opt)
 	defer inspector.Close()
 	t.Cleanup(func() { inspector.DeleteQueue(queue, true) })
 	const tasks = 10_000 // more than one batch of Load (4096)
@@ -165,7 +177,7 @@ func TestLoadFile(t *testing.T) {
 	if err != nil || c.Tasks != tasks {
 		t.Fatalf("CheckTasks: %+v %v, want %d tasks", c, err, tasks)
 	}
-	loader := producer.NewLoader(loaderClient(t, redistest.Addr(t)))
+	loader := producer.NewLoader(rdb)
 	load := func() *producer.Tally {
 		t.Helper()
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
@@ -193,8 +205,8 @@ func TestLoadFile(t *testing.T) {
 	if y.Count(producer.Existed) != 1 || y.Count(producer.Enqueued) != tasks-1 || y.AlreadyThere() != ", 1 already enqueued (their task_id was taken)" {
 		t.Errorf("second load: %d existed, %d enqueued (%q); want 1 and %d", y.Count(producer.Existed), y.Count(producer.Enqueued), y.AlreadyThere(), tasks-1)
 	}
-	if info := redistest.QueueInfo(t, queue); info.Pending != 2*tasks-1 {
-		t.Errorf("queue %s holds %d pending tasks, want %d", queue, info.Pending, 2*tasks-1)
+	if info, err := inspector.GetQueueInfo(queue); err != nil || info.Pending != 2*tasks-1 {
+		t.Errorf("queue %s: %+v %v, want %d pending tasks", queue, info, err, 2*tasks-1)
 	}
 }
 

@@ -1,14 +1,3 @@
-// Package producer turns task lines and options into checked asynq tasks and
-// loads them into Redis: the work behind the enqueue command.
-//
-// A task is spelled as one line of JSON Lines (see DecodeLine) or as a type,
-// a payload and Options (see NewTask); either way it is checked in full
-// before anything is written. A Loader enqueues a stream of tasks through a
-// bounded pool of goroutines sharing one Redis client and tells, for each,
-// whether it is surely in Redis, may be (sent, no answer) or is not; a
-// Tally groups those outcomes into the lines to report and resume from.
-// CheckTasks and FileTasks read a JSON Lines file twice (check, then load),
-// so that what a load holds does not grow with the file.
 package producer
 
 import (
@@ -32,7 +21,7 @@ import (
 //
 //	{"type": "http:request", "payload": {"url": "https://example.com/"}, "queue": "emails", "options": {"max_retry": 3}}
 //
-// Only type is required; queue defaults to --queue.
+// Only type is required; queue defaults to Defaults.Queue.
 type taskLine struct {
 	Type    string          `json:"type"`
 	Payload json.RawMessage `json:"payload"`
