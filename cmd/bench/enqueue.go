@@ -5,22 +5,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/producer"
 )
 
 // enqueueTasks is how many tasks each enqueue measurement loads.
 const enqueueTasks = 100_000
 
 // runEnqueue measures `enqueue --file` (the real binary, built for the
-// run) against asynq.Client.Enqueue called once per task in a loop, on the
-// same tasks and server, each round starting from an empty queue.
+// run), and the same work in process through package producer, against
+// asynq.Client.Enqueue called once per task in a loop, on the same tasks
+// and server, each round starting from an empty queue.
 func runEnqueue(ctx context.Context, b *bench) error {
 	dir, err := os.MkdirTemp("", "sluice-bench-enqueue-")
 	if err != nil {
@@ -66,8 +71,9 @@ func runEnqueue(ctx context.Context, b *bench) error {
 		return nil
 	}
 	const (
-		viaFile = "enqueue --file"
-		viaLoop = "asynq.Client.Enqueue loop"
+		viaFile     = "enqueue --file"
+		viaProducer = "producer.CheckTasks + Loader.Load"
+		viaLoop     = "asynq.Client.Enqueue loop"
 	)
 	rates, err := inRounds(ctx, b, []measurement{
 		{viaFile, func(ctx context.Context) (float64, error) {
@@ -81,6 +87,17 @@ func runEnqueue(ctx context.Context, b *bench) error {
 			if err != nil {
 				return 0, fmt.Errorf("%s: %w\n%s", viaFile, err, out)
 			}
+			return enqueueTasks / elapsed.Seconds(), check()
+		}},
+		{viaProducer, func(ctx context.Context) (float64, error) {
+			if err := fresh(); err != nil {
+				return 0, err
+			}
+			start := time.Now()
+			if err := loadInProcess(ctx, config, queue, path); err != nil {
+				return 0, fmt.Errorf("%s: %w", viaProducer, err)
+			}
+			elapsed := time.Since(start)
 			return enqueueTasks / elapsed.Seconds(), check()
 		}},
 		{viaLoop, func(ctx context.Context) (float64, error) {
@@ -102,20 +119,59 @@ func runEnqueue(ctx context.Context, b *bench) error {
 	if err != nil {
 		return err
 	}
-	loop := rates[viaLoop]
+	loop, command := rates[viaLoop], rates[viaFile]
 	fmt.Fprintf(b.out, `
 ### enqueue: loading %s tasks
 
-The same %s http:request tasks (payloads of about 50 bytes), loaded into an empty queue on the same redis-server: by the enqueue command, built for the run, from a JSON Lines file (`+"`enqueue --file`"+`: the process from start to exit, reading and checking every line included, then a bounded pool of goroutines sharing one asynq.Client), and by one asynq.Client calling Enqueue once per task in a loop. Median of %d rounds, rows interleaved.
+The same %s http:request tasks (payloads of about 50 bytes), loaded into an empty queue on the same redis-server: by the enqueue command, built for the run, from a JSON Lines file (`+"`enqueue --file`"+`: the process from start to exit, reading and checking every line included, then a bounded pool of goroutines sharing one asynq.Client); by the same work in this process through package producer (the config loaded, the file checked and loaded, as the command does, without starting a process); and by one asynq.Client calling Enqueue once per task in a loop. Median of %d rounds, rows interleaved.
 
-| method | tasks | seconds | tasks/s | ratio |
-|---|--:|--:|--:|--:|
-| %s | %s | %.2f | %s | %.2f |
-| %s | %s | %.2f | %s | 1.00 |
+| method | tasks | seconds | tasks/s | ratio to the loop | ratio to the binary |
+|---|--:|--:|--:|--:|--:|
+| %s | %s | %.2f | %s | %.2f | 1.00 |
+| %s | %s | %.2f | %s | %.2f | %.2f |
+| %s | %s | %.2f | %s | 1.00 | |
 
 `, grouped(enqueueTasks), grouped(enqueueTasks), b.rounds,
-		"`"+viaFile+"`", grouped(enqueueTasks), enqueueTasks/rates[viaFile], grouped(rates[viaFile]), rates[viaFile]/loop,
+		"`"+viaFile+"`", grouped(enqueueTasks), enqueueTasks/command, grouped(command), command/loop,
+		"`"+viaProducer+"` (in process)", grouped(enqueueTasks), enqueueTasks/rates[viaProducer], grouped(rates[viaProducer]), rates[viaProducer]/loop, rates[viaProducer]/command,
 		"`"+viaLoop+"`", grouped(enqueueTasks), enqueueTasks/loop, grouped(loop))
+	return nil
+}
+
+// loadInProcess does what `enqueue --config configPath --queue queue
+// --file path` does, in this process: it loads the config, checks every
+// line of the file, and loads them through a producer.Loader on a client
+// made as the command makes its own.
+func loadInProcess(ctx context.Context, configPath, queue, path string) error {
+	f, err := config.Load(configPath)
+	if err != nil {
+		return err
+	}
+	in, err := producer.OpenFile(path)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	d := producer.Defaults{Queue: queue, Payloads: f}
+	now := time.Now()
+	c, err := producer.CheckTasks(in, path, 0, d, now, func(q string) bool { _, ok := f.Jobs.Queues[q]; return ok })
+	if err != nil {
+		return err
+	}
+	if _, err := in.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	rdb := f.Redis.ClientWith(func(o *redis.UniversalOptions) {
+		o.PoolSize, o.MaxRetries, o.DialerRetries = producer.LoadPool, -1, 1
+	})
+	defer rdb.Close()
+	y := producer.NewTally()
+	if err := producer.NewLoader(rdb).Load(ctx, producer.FileTasks(in, path, 0, d, now), nil, y.Add); err != nil {
+		return err
+	}
+	if y.Landed() != c.Tasks {
+		return y.FileFailure(path, "Redis", nil)
+	}
 	return nil
 }
 

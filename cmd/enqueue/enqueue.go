@@ -12,12 +12,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/producer"
 )
 
 // maxCount is the most copies one --count makes: a typo's extra digits
@@ -95,7 +95,7 @@ config (nothing enqueued).`,
 	fl.StringVar(&f.timeout, "timeout", "", "time limit of one run, in whole seconds (`duration`; default: asynq's 30m)")
 	fl.StringVar(&f.deadline, "deadline", "", "give up on the task after this RFC 3339 `time`")
 	fl.StringVar(&f.unique, "unique", "", "refuse a task like it (type, payload, queue) for this `duration`")
-	fl.StringVar(&f.taskID, "task-id", "", "the task's `id`, at most "+fmt.Sprint(maxTaskID)+" bytes (default: a random UUID); an id already taken counts as already enqueued")
+	fl.StringVar(&f.taskID, "task-id", "", "the task's `id`, at most "+fmt.Sprint(producer.MaxTaskID)+" bytes (default: a random UUID); an id already taken counts as already enqueued")
 	fl.StringVar(&f.retention, "retention", "", "keep the task this `duration` after it is done")
 	fl.StringVar(&f.group, "group", "", "aggregate the task into `group`")
 	return cmd
@@ -103,7 +103,7 @@ config (nothing enqueued).`,
 
 // check checks the flags and arguments that do not depend on each task and
 // returns the options the flags set.
-func (f enqueueFlags) check(fs *pflag.FlagSet, args []string) (optionValues, error) {
+func (f enqueueFlags) check(fs *pflag.FlagSet, args []string) (producer.Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	set := func(name string, s *string) *string {
@@ -112,17 +112,17 @@ func (f enqueueFlags) check(fs *pflag.FlagSet, args []string) (optionValues, err
 		}
 		return nil
 	}
-	var v optionValues
+	var v producer.Options
 	v.ProcessIn, v.ProcessAt = set("process-in", &f.processIn), set("process-at", &f.processAt)
 	v.Timeout, v.Deadline, v.Unique = set("timeout", &f.timeout), set("deadline", &f.deadline), set("unique", &f.unique)
 	v.TaskID, v.Retention, v.Group = set("task-id", &f.taskID), set("retention", &f.retention), set("group", &f.group)
 	if fs.Changed("max-retry") {
 		v.MaxRetry = &f.maxRetry
 	}
-	if _, problems := v.check(flagName, time.Now()); len(problems) > 0 {
+	if _, problems := v.Check(flagName, time.Now()); len(problems) > 0 {
 		errs = append(errs, problems...)
 	}
-	if err := checkQueue(f.queue); err != nil {
+	if err := producer.CheckQueue(f.queue); err != nil {
 		bad("--queue: %v", err)
 	}
 	if f.file != "" {
@@ -176,13 +176,21 @@ func joinProblems(errs []error) error {
 	return errors.New(b.String())
 }
 
+func knownTypes() string {
+	var names []string
+	for _, t := range jobs.Types() {
+		names = append(names, t.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
 // flagName spells an option key as its flag: max_retry is --max-retry.
 func flagName(key string) string { return "--" + strings.ReplaceAll(key, "_", "-") }
 
 // enqueueCopies enqueues --count copies of the task in args and prints the
 // id of each copy that is in Redis.
-func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values optionValues, args []string) error {
-	o, _ := values.check(flagName, time.Now()) // checked by enqueueFlags.check
+func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values producer.Options, args []string) error {
+	o, _ := values.Check(flagName, time.Now()) // checked by enqueueFlags.check
 	var payload []byte
 	if len(args) == 2 {
 		payload = []byte(args[1])
@@ -191,55 +199,38 @@ func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values optionVal
 	if err != nil {
 		return err
 	}
-	t, err := newTask(args[0], payload, f.queue, o, file)
+	t, err := producer.NewTask(args[0], payload, f.queue, o, file)
 	if err != nil {
 		return badInput(err)
 	}
 	warnUnconfigured(cmd.ErrOrStderr(), file, map[string]int{f.queue: f.count}, 0)
 	copies := 0
-	next := func() (task, bool, error) {
+	next := func() (producer.Task, bool, error) {
 		if copies == f.count {
-			return task{}, false, nil
+			return producer.Task{}, false, nil
 		}
 		copies++
 		c := t
-		c.line = copies
+		c.Line = copies
 		return c, true, nil
 	}
 	out := cmd.OutOrStdout()
-	y, _, err := connectAndLoad(cmd, file.Redis, f.count, next, f.count > 1, func(r result) {
-		if r.id != "" {
-			fmt.Fprintln(out, r.id)
+	y, _, err := connectAndLoad(cmd, file.Redis, f.count, next, f.count > 1, func(r producer.Result) {
+		if r.ID != "" {
+			fmt.Fprintln(out, r.ID)
 		}
 	})
 	if err != nil {
 		return err
 	}
 	switch {
-	case y.n[existed] > 0:
-		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: already enqueued: queue %q has a task with id %q\n", t.queue, t.taskID)
-	case y.n[duplicate] > 0:
-		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: not enqueued: queue %q has a task of the same type and payload, unique for --unique %s\n", t.queue, f.unique)
+	case y.Count(producer.Existed) > 0:
+		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: already enqueued: queue %q has a task with id %q\n", t.Queue, t.TaskID)
+	case y.Count(producer.Duplicate) > 0:
+		fmt.Fprintf(cmd.ErrOrStderr(), "enqueue: not enqueued: queue %q has a task of the same type and payload, unique for --unique %s\n", t.Queue, f.unique)
 	}
-	if failed := y.tasks - y.landed(); failed > 0 {
-		var b strings.Builder
-		if y.tasks == 1 {
-			fmt.Fprintf(&b, "%s: %v", stopped(file.Redis, y), firstError(y))
-			if y.n[uncertain] > 0 {
-				b.WriteString("\nthe task was sent, but the connection broke before Redis answered: it may be in Redis or not")
-			} else {
-				b.WriteString("\nthe task was not enqueued")
-			}
-			return redisFailed(errors.New(b.String()))
-		}
-		fmt.Fprintf(&b, "%s after %d of %d copies: %v\n", stopped(file.Redis, y), y.n[enqueued], y.tasks, firstError(y))
-		writeOutcomes(&b, "copies", y)
-		if y.n[uncertain] == 0 {
-			fmt.Fprintf(&b, "to enqueue the rest, run the same command with --count %d", failed)
-		} else {
-			fmt.Fprintf(&b, "to enqueue the rest, run the same command with --count %d, or %d if the uncertain copies are not in Redis", y.n[notTried]+y.n[refused], failed)
-		}
-		return redisFailed(errors.New(b.String()))
+	if y.Landed() < y.Tasks() {
+		return redisFailed(y.CopiesFailure(redisAt(file.Redis)))
 	}
 	return nil
 }
@@ -247,15 +238,15 @@ func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values optionVal
 // enqueueFile enqueues every task of --file and prints a summary. The file
 // is read twice, so that what a run holds does not grow with it: first
 // every line is checked, then the lines are loaded a batch at a time.
-func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values optionValues) error {
+func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values producer.Options) error {
 	start := time.Now()
 	var in *os.File
 	name := "stdin"
 	var err error
 	if f.file == "-" {
-		in, err = spool(cmd.InOrStdin())
+		in, err = producer.Spool(cmd.InOrStdin())
 	} else {
-		in, err = openFile(f.file)
+		in, err = producer.OpenFile(f.file)
 		name = f.file
 	}
 	if err != nil {
@@ -269,13 +260,13 @@ func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values optionValue
 	}
 	known := func(q string) bool { _, ok := file.Jobs.Queues[q]; return ok }
 	now := time.Now()
-	d := lineDefaults{queue: f.queue, options: values, payloads: file}
-	c, err := checkTasks(in, name, f.skip, d, now, known)
+	d := producer.Defaults{Queue: f.queue, Options: values, Payloads: file}
+	c, err := producer.CheckTasks(in, name, f.skip, d, now, known)
 	if err != nil {
 		return badInput(err)
 	}
-	warnUnconfigured(cmd.ErrOrStderr(), file, c.queues, c.more)
-	if c.tasks == 0 {
+	warnUnconfigured(cmd.ErrOrStderr(), file, c.Queues, c.More)
+	if c.Tasks == 0 {
 		fmt.Fprintf(cmd.OutOrStdout(), "%s: no tasks to enqueue\n", name)
 		return nil
 	}
@@ -283,92 +274,16 @@ func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values optionValue
 		return badInput(fmt.Errorf("reading %s again: %w; nothing was enqueued", name, err))
 	}
 	checkedIn := time.Since(start)
-	y, elapsed, err := connectAndLoad(cmd, file.Redis, c.tasks, fileTasks(in, name, f.skip, d, now), true, func(result) {})
+	y, elapsed, err := connectAndLoad(cmd, file.Redis, c.Tasks, producer.FileTasks(in, name, f.skip, d, now), true, func(producer.Result) {})
 	switch {
 	case err != nil && y == nil:
 		return err
-	case err == nil && y.landed() == c.tasks:
+	case err == nil && y.Landed() == c.Tasks:
 		fmt.Fprintf(cmd.OutOrStdout(), "%s: %d tasks in %.2fs (%s tasks/s; read and checked in %.2fs): %d enqueued%s\n",
-			name, y.tasks, elapsed.Seconds(), grouped(float64(y.tasks)/elapsed.Seconds()), checkedIn.Seconds(), y.n[enqueued], alreadyThere(y))
+			name, y.Tasks(), elapsed.Seconds(), grouped(float64(y.Tasks())/elapsed.Seconds()), checkedIn.Seconds(), y.Count(producer.Enqueued), y.AlreadyThere())
 		return nil
 	}
-	return redisFailed(fileFailure(name, file.Redis, y, err))
-}
-
-// alreadyThere describes the tasks that were in Redis before.
-func alreadyThere(y *tally) string {
-	var s string
-	if y.n[existed] > 0 {
-		s += fmt.Sprintf(", %d already enqueued (their task_id was taken)", y.n[existed])
-	}
-	if y.n[duplicate] > 0 {
-		s += fmt.Sprintf(", %d not enqueued as duplicates (unique)", y.n[duplicate])
-	}
-	return s
-}
-
-// fileFailure reports a --file run that Redis (or readErr, a file that
-// changed between its two readings) cut short: which lines are in Redis,
-// which may be, which are not, and how to resume.
-func fileFailure(name string, r config.Redis, y *tally, readErr error) error {
-	var b strings.Builder
-	if readErr != nil {
-		fmt.Fprintf(&b, "stopped part way: %v\n", readErr)
-	} else {
-		fmt.Fprintf(&b, "%s part way: %v\n", stopped(r, y), firstError(y))
-	}
-	fmt.Fprintf(&b, "%s: %d of %d tasks are in Redis%s\n", name, y.landed(), y.tasks, alreadyThere(y))
-	writeOutcomes(&b, "lines", y)
-	if y.first == 0 {
-		// Every task read is in Redis: the file changed after them.
-		fmt.Fprintf(&b, "the lines after these were not read; check the file before you resume")
-		return errors.New(b.String())
-	}
-	fmt.Fprintf(&b, "to resume, run the same command with --skip %d (the lines before line %d, the first that is not surely in Redis)", y.first-1, y.first)
-	// A resumed run sends every line from first on again; those that are or
-	// may be in Redis count as already enqueued only if they have a task id.
-	switch {
-	case y.again.count > 0:
-		fmt.Fprintf(&b, "\nwarning: these lines from line %d on are or may be in Redis and have no task_id, so resuming would enqueue them again: %s (%d)",
-			y.first, &y.again, y.again.count)
-	case y.withID > 0:
-		fmt.Fprintf(&b, "; the %s after it that are or may be in Redis have a task_id, so they will count as already enqueued, not twice", plural(y.withID, "line"))
-	}
-	return errors.New(b.String())
-}
-
-// writeOutcomes writes the positions (lines or copies) of each outcome.
-func writeOutcomes(b *strings.Builder, what string, y *tally) {
-	rows := []struct {
-		label string
-		kind  int
-		note  string
-	}{
-		{"in Redis", kindInRedis, ""},
-		{"uncertain", kindUncertain, ": sent, but the connection broke before Redis answered; each may be in Redis or not"},
-		{"not enqueued", kindNotEnqueued, ""},
-	}
-	for _, row := range rows {
-		if rs := &y.kinds[row.kind]; rs.count > 0 {
-			fmt.Fprintf(b, "  %-13s %s %s (%d)%s\n", row.label+":", what, rs, rs.count, row.note)
-		}
-	}
-}
-
-// firstError is the first task's error, or "interrupted" if none failed.
-func firstError(y *tally) error {
-	if y.firstErr != nil {
-		return y.firstErr
-	}
-	return errors.New("interrupted")
-}
-
-// stopped says why a load stopped short: Redis failed, or Ctrl-C.
-func stopped(r config.Redis, y *tally) string {
-	if y.firstErr != nil {
-		return redisAt(r) + " failed"
-	}
-	return "stopped"
+	return redisFailed(y.FileFailure(name, redisAt(file.Redis), err))
 }
 
 // connectAndLoad connects to Redis and enqueues the total tasks next
@@ -376,27 +291,25 @@ func stopped(r config.Redis, y *tally) string {
 // results and how long enqueueing took; each gets every result, in order.
 // It fails with a nil tally when Redis cannot be reached at all: nothing
 // was enqueued. An error of next comes with the tally of what was loaded.
-func connectAndLoad(cmd *cobra.Command, r config.Redis, total int, next func() (task, bool, error), progress bool, each func(result)) (*tally, time.Duration, error) {
-	rdb := newEnqueueClient(r, loadPool)
+func connectAndLoad(cmd *cobra.Command, r config.Redis, total int, next func() (producer.Task, bool, error), progress bool, each func(producer.Result)) (*producer.Tally, time.Duration, error) {
+	rdb := newEnqueueClient(r, producer.LoadPool)
 	defer rdb.Close()
-	rdb.AddHook(writeHook{})
+	loader := producer.NewLoader(rdb)
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 	err := r.Ping(ctx, rdb)
 	cancel()
 	if err != nil {
 		return nil, 0, redisFailed(fmt.Errorf("%w; nothing was enqueued", err))
 	}
-	client := asynq.NewClientFromRedisClient(rdb)
-	defer client.Close()
 	var done atomic.Int64
 	stop := func() {}
 	if progress {
 		stop = showProgress(cmd.ErrOrStderr(), total, &done)
 	}
 	start := time.Now()
-	y := newTally()
-	err = loadAll(cmd.Context(), client, next, &done, func(t task, res result) {
-		y.add(t, res)
+	y := producer.NewTally()
+	err = loader.Load(cmd.Context(), next, &done, func(t producer.Task, res producer.Result) {
+		y.Add(t, res)
 		each(res)
 	})
 	elapsed := time.Since(start)

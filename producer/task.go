@@ -1,4 +1,4 @@
-package main
+package producer
 
 import (
 	"bytes"
@@ -14,14 +14,14 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/strictjson"
-	"github.com/sluicehq/sluice/jobs"
 )
 
-// taskLine is one task as a line of --file spells it:
+// taskLine is one task as a line of JSON Lines (enqueue --file, a POST to
+// the intake) spells it:
 //
 //	{"type": "http:request", "payload": {"url": "https://example.com/"}, "queue": "emails", "options": {"max_retry": 3}}
 //
-// Only type is required; queue defaults to --queue.
+// Only type is required; queue defaults to Defaults.Queue.
 type taskLine struct {
 	Type    string          `json:"type"`
 	Payload json.RawMessage `json:"payload"`
@@ -29,10 +29,11 @@ type taskLine struct {
 	Options json.RawMessage `json:"options"`
 }
 
-// optionValues are a task's options as written, by flags (--max-retry) or
-// in a line's options (max_retry); nil is not set. Durations are strings
-// with a unit ("30s"), times RFC 3339 ("2030-01-02T15:04:05Z").
-type optionValues struct {
+// Options are a task's options as written, by flags (--max-retry) or in a
+// line's options (max_retry); nil is not set. Durations are strings with a
+// unit ("30s"), times RFC 3339 ("2030-01-02T15:04:05Z"). The zero value
+// sets none.
+type Options struct {
 	ProcessIn *string `json:"process_in"`
 	ProcessAt *string `json:"process_at"`
 	MaxRetry  *int    `json:"max_retry"`
@@ -46,13 +47,13 @@ type optionValues struct {
 
 var (
 	lineKeys   = jsonKeys[taskLine]()
-	optionKeys = jsonKeys[optionValues]()
+	optionKeys = jsonKeys[Options]()
 )
 
-// over returns v with every option that line sets taken from line. The
+// Over returns v with every option that line sets taken from line. The
 // time to run is one setting: a line's process_in replaces a flag's
 // --process-at and the other way round.
-func (v optionValues) over(line optionValues) optionValues {
+func (v Options) Over(line Options) Options {
 	if line.ProcessIn != nil || line.ProcessAt != nil {
 		v.ProcessIn, v.ProcessAt = nil, nil
 	}
@@ -65,18 +66,19 @@ func (v optionValues) over(line optionValues) optionValues {
 	return v
 }
 
-// taskOptions are checked options.
-type taskOptions struct {
+// CheckedOptions are Options that passed Check, ready for NewTask. The
+// zero value sets none.
+type CheckedOptions struct {
 	opts   []asynq.Option
 	taskID string // "" unless set
 	group  string // "" unless set
 }
 
-// check checks v at now and returns its asynq options, or one error per
+// Check checks v at now and returns its asynq options, or one error per
 // problem, each naming its key as spell spells it (--max-retry or
 // options.max_retry).
-func (v optionValues) check(spell func(key string) string, now time.Time) (taskOptions, []error) {
-	var o taskOptions
+func (v Options) Check(spell func(key string) string, now time.Time) (CheckedOptions, []error) {
+	var o CheckedOptions
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", spell(key), fmt.Sprintf(format, args...)))
@@ -151,8 +153,8 @@ func (v optionValues) check(spell func(key string) string, now time.Time) (taskO
 		o.opts = append(o.opts, asynq.Unique(d))
 	}
 	if id, ok := name("task_id", v.TaskID); ok {
-		if len(id) > maxTaskID {
-			bad("task_id", "is %d bytes long; task ids are at most %d bytes", len(id), maxTaskID)
+		if len(id) > MaxTaskID {
+			bad("task_id", "is %d bytes long; task ids are at most %d bytes", len(id), MaxTaskID)
 		} else {
 			o.opts = append(o.opts, asynq.TaskID(id))
 			o.taskID = id
@@ -168,95 +170,94 @@ func (v optionValues) check(spell func(key string) string, now time.Time) (taskO
 	return o, errs
 }
 
-// task is one checked task, ready to enqueue.
-type task struct {
-	line   int // its line in --file, or its copy number with --count
-	queue  string
-	taskID string // "" unless set
-	group  string // "" unless set
-	task   *asynq.Task
-	opts   []asynq.Option // the queue's included
+// Task is one checked task, ready to enqueue.
+type Task struct {
+	Line   int // its line in a file (set by FileTasks), or a copy's number; reports name tasks by it
+	Queue  string
+	TaskID string // "" unless set
+	Group  string // "" unless set
+	Asynq  *asynq.Task
+	Opts   []asynq.Option // the queue's included
 }
 
-// payloadChecker knows the task types and checks their payloads: a
+// PayloadChecker knows the task types and checks their payloads: a
 // config.File, from the built-in types' rules and the config's schemas,
 // and the keys of the keyed limits a task would meet.
-type payloadChecker interface {
+type PayloadChecker interface {
 	CheckPayload(typ string, payload []byte) error
 	CheckKeys(queue, typ string, payload []byte) error
 	TaskTypes() []string
 }
 
-// newTask checks typ and payload with check (its schema, and its keys in
-// queue) and returns the task. An empty payload is none.
-func newTask(typ string, payload []byte, queue string, o taskOptions, check payloadChecker) (task, error) {
+// NewTask checks typ and payload with check (its schema, and its keys in
+// queue) and returns the task, in queue with options o. An empty payload
+// is none. queue is taken as given: check it with CheckQueue.
+func NewTask(typ string, payload []byte, queue string, o CheckedOptions, check PayloadChecker) (Task, error) {
 	if len(bytes.TrimSpace(payload)) == 0 {
 		payload = nil
 	}
 	if err := check.CheckPayload(typ, payload); err != nil {
-		return task{}, err
+		return Task{}, err
 	}
 	if payload != nil {
 		// Compact, so that equal payloads are equal bytes (--unique).
 		var b bytes.Buffer
 		if err := json.Compact(&b, payload); err != nil {
-			return task{}, fmt.Errorf("%s: payload: %w", typ, err)
+			return Task{}, fmt.Errorf("%s: payload: %w", typ, err)
 		}
 		payload = b.Bytes()
 	}
 	if err := check.CheckKeys(queue, typ, payload); err != nil {
-		return task{}, err
+		return Task{}, err
 	}
 	opts := append(slices.Clip(o.opts), asynq.Queue(queue))
-	return task{queue: queue, taskID: o.taskID, group: o.group, task: asynq.NewTask(typ, payload), opts: opts}, nil
+	return Task{Queue: queue, TaskID: o.taskID, Group: o.group, Asynq: asynq.NewTask(typ, payload), Opts: opts}, nil
 }
 
-func knownTypes() string {
-	var names []string
-	for _, t := range jobs.Types() {
-		names = append(names, t.Name)
-	}
-	return strings.Join(names, ", ")
+// Defaults are what every line gets that does not set it itself: the
+// flags' queue and options, and the config's task types.
+type Defaults struct {
+	Queue    string
+	Options  Options // checked already: their problems are not reported per line
+	Payloads PayloadChecker
 }
 
-// lineDefaults are what the flags and the config give every line of --file.
-type lineDefaults struct {
-	queue    string
-	options  optionValues // checked already
-	payloads payloadChecker
-}
-
-// decodeLine decodes and checks one line of --file at now.
-func decodeLine(data []byte, d lineDefaults, now time.Time) (task, error) {
+// DecodeLine decodes and checks one task line at now:
+//
+//	{"type": "http:request", "payload": {"url": "https://example.com/"}, "queue": "emails", "options": {"max_retry": 3}}
+//
+// Only type is required. Its errors name the key or the byte at fault; a
+// line with several bad options reports each, joined.
+func DecodeLine(data []byte, d Defaults, now time.Time) (Task, error) {
 	var l taskLine
 	if err := decodeStrict(data, &l, "", lineKeys, "unknown key %q; the keys of a line are %s"); err != nil {
-		return task{}, err
+		return Task{}, err
 	}
 	if l.Type == "" {
-		return task{}, errors.New(`"type" is required: a task type, one of ` + strings.Join(d.payloads.TaskTypes(), ", "))
+		return Task{}, errors.New(`"type" is required: a task type, one of ` + strings.Join(d.Payloads.TaskTypes(), ", "))
 	}
-	queue := d.queue
+	queue := d.Queue
 	if l.Queue != nil {
-		if err := checkQueue(*l.Queue); err != nil {
-			return task{}, fmt.Errorf("queue: %w", err)
+		if err := CheckQueue(*l.Queue); err != nil {
+			return Task{}, fmt.Errorf("queue: %w", err)
 		}
 		queue = *l.Queue
 	}
-	var line optionValues
+	var line Options
 	if len(l.Options) > 0 && string(l.Options) != "null" {
 		if err := decodeStrict(l.Options, &line, "options", optionKeys, "unknown option %q; options are %s"); err != nil {
-			return task{}, err
+			return Task{}, err
 		}
 	}
-	o, errs := d.options.over(line).check(func(key string) string { return "options." + key }, now)
+	o, errs := d.Options.Over(line).Check(func(key string) string { return "options." + key }, now)
 	if len(errs) > 0 {
-		return task{}, errors.Join(errs...)
+		return Task{}, errors.Join(errs...)
 	}
 	payload := l.Payload
 	if string(payload) == "null" {
 		payload = nil
 	}
-	return newTask(l.Type, payload, queue, o, d.payloads)
+	return NewTask(l.Type, payload, queue, o, d.Payloads)
 }
 
 // decodeStrict decodes data, one JSON object, into v, refusing unknown keys
@@ -329,11 +330,11 @@ func jsonKeys[T any]() []string {
 	return keys
 }
 
-// checkQueue says what is wrong with a queue name, if anything. asynq
+// CheckQueue says what is wrong with a queue name, if anything. asynq
 // takes any name, but config.yaml can only name queues whose names are
 // lower case, and a brace would move the queue's keys to another Redis
 // Cluster slot than its hash tag says.
-func checkQueue(name string) error {
+func CheckQueue(name string) error {
 	switch {
 	case name == "":
 		return errors.New("must not be empty")
@@ -352,9 +353,9 @@ func checkQueue(name string) error {
 	return nil
 }
 
-// maxTaskID bounds the task ids enqueue takes. (Workers run tasks with
-// longer ids from other producers too.)
-const maxTaskID = 1024
+// MaxTaskID bounds the task ids a task may set, in bytes. (Workers run
+// tasks with longer ids from other producers too.)
+const MaxTaskID = 1024
 
 // checkName checks a task id or group name: asynq refuses blank ones, and
 // control characters would garble every listing of them.

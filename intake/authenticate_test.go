@@ -1,4 +1,4 @@
-package main
+package intake
 
 import (
 	"crypto/sha256"
@@ -9,11 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/throttle/httplimit"
 )
 
 // TestAuthenticateAfterReload (19.2): the start-time rule (no anonymous
@@ -24,12 +21,10 @@ import (
 // no clients configured, until a client or allow_anonymous comes back. On
 // main, the config with no clients let every request in as anonymous.
 func TestAuthenticateAfterReload(t *testing.T) {
-	limiter, err := httplimit.New(redistest.Client(t), httplimit.Config{ClientHeader: apiKeyHeader})
+	in, err := New(config.File{}, redistest.Client(t), nil, WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := &intake{limiter: limiter, log: slog.New(slog.DiscardHandler),
-		accepted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "requests"}, []string{"code"})}
 	client := func(name string) config.GatewayClient {
 		sum := sha256.Sum256([]byte(name + "-secret"))
 		return config.GatewayClient{Name: name, KeySHA256: hex.EncodeToString(sum[:])}
@@ -58,10 +53,10 @@ func TestAuthenticateAfterReload(t *testing.T) {
 		{desc: "a client again: no key", config: gateway(public, false, client("carol")), status: http.StatusUnauthorized, want: "an API key is required"},
 		{desc: "on loopback, no clients: no key", config: gateway(loopback, false), status: http.StatusOK},
 	} {
-		in.rules.Store(newRules(step.config))
+		in.Reload(step.config)
 		r := httptest.NewRequest("POST", "/v1/tasks", strings.NewReader(`{"type": "demo:noop"}`))
 		if step.key != "" {
-			r.Header.Set(apiKeyHeader, step.key)
+			r.Header.Set(APIKeyHeader, step.key)
 		}
 		w := httptest.NewRecorder()
 		in.authenticate(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})).ServeHTTP(w, r)

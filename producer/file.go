@@ -1,4 +1,4 @@
-package main
+package producer
 
 import (
 	"bufio"
@@ -8,26 +8,20 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
-	"math"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
-
-	"github.com/schollz/progressbar/v3"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
 )
 
 const (
-	// maxLine is the longest line --file takes.
+	// maxLine is the longest line a file may hold.
 	maxLine = 16 << 20
 	// maxProblems is how many bad lines are shown; the rest are counted.
 	maxProblems = 20
-	// maxSpool is the most of stdin that --file - takes: stdin is read
-	// twice (checked, then loaded), so it is first copied to a temp file.
+	// maxSpool is the most of stdin that Spool takes: stdin is read twice
+	// (checked, then loaded), so it is first copied to a temp file.
 	maxSpool = 1 << 30
 	// maxQueueNames is how many queues the config does not name are
 	// warned about by name; the rest are counted.
@@ -37,7 +31,9 @@ const (
 // bom is the UTF-8 byte-order mark some editors put at the start of a file.
 var bom = []byte("\xEF\xBB\xBF")
 
-func openFile(path string) (*os.File, error) {
+// OpenFile opens the JSON Lines file at path for CheckTasks and FileTasks;
+// its errors are worded for enqueue's --file.
+func OpenFile(path string) (*os.File, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("--file: %w", err)
@@ -49,10 +45,10 @@ func openFile(path string) (*os.File, error) {
 	return f, nil
 }
 
-// spool copies r, at most maxSpool bytes of it, to a temp file that is
-// already removed from its directory, and returns it at its start: stdin
-// cannot be read twice.
-func spool(r io.Reader) (*os.File, error) {
+// Spool copies r (stdin, for enqueue --file -), at most 1 GiB of it, to a
+// temp file that is already removed from its directory, and returns it at
+// its start: stdin cannot be read twice, CheckTasks then FileTasks.
+func Spool(r io.Reader) (*os.File, error) {
 	f, err := os.CreateTemp("", "enqueue-stdin-")
 	if err != nil {
 		return nil, fmt.Errorf("--file -: stdin is read twice, so it is copied to a temp file first: %w", err)
@@ -120,28 +116,31 @@ func (lr *lineReader) err() error {
 	return nil
 }
 
-// checked is what checking a file found: how many tasks it holds and in
+// Checked is what CheckTasks found: how many tasks a file holds and in
 // which queues.
-type checked struct {
-	tasks    int
-	lastLine int            // the line of the last task
-	queues   map[string]int // tasks per queue, for the first queues seen
-	more     int            // tasks in queues past those
+type Checked struct {
+	Tasks    int
+	LastLine int            // the line of the last task
+	Queues   map[string]int // tasks per queue: every queue known names, and up to 20 others
+	More     int            // tasks in queues past those
 }
 
-// checkTasks reads and checks every task of r, JSON Lines named name,
-// after its first skip lines, holding none of them: memory does not grow
-// with the input, except by 8 bytes for each line with a task_id (see
-// idSet). If any line is bad, the error names the first maxProblems bad
-// lines and counts the rest. known tells the queues the config names.
-func checkTasks(r io.Reader, name string, skip int, d lineDefaults, now time.Time, known func(queue string) bool) (checked, error) {
+// CheckTasks reads and checks every task of r, JSON Lines named name in
+// messages, after its first skip lines, each by DecodeLine with d at now,
+// holding none of them: memory does not grow with the input, except by 8
+// bytes for each line with a task_id (a task id given twice in one queue
+// is a bad line too). If any line is bad, the error names the first 20
+// bad lines and counts the rest. known tells the queues the config names.
+// r must be an io.Seeker when lines give task ids: duplicates are found by
+// a second reading.
+func CheckTasks(r io.Reader, name string, skip int, d Defaults, now time.Time, known func(queue string) bool) (Checked, error) {
 	lr := newLineReader(r, name, skip)
-	c := checked{queues: map[string]int{}}
+	c := Checked{Queues: map[string]int{}}
 	var problems []string
 	bad := 0
 	var ids idSet
 	for lr.next() {
-		t, err := decodeLine(lr.data, d, now)
+		t, err := DecodeLine(lr.data, d, now)
 		if err != nil {
 			bad++
 			if len(problems) < maxProblems {
@@ -149,15 +148,15 @@ func checkTasks(r io.Reader, name string, skip int, d lineDefaults, now time.Tim
 			}
 			continue
 		}
-		if t.taskID != "" {
-			ids.add(t.queue, t.taskID)
+		if t.TaskID != "" {
+			ids.add(t.Queue, t.TaskID)
 		}
-		c.tasks++
-		c.lastLine = lr.line
-		if _, counted := c.queues[t.queue]; counted || known(t.queue) || len(c.queues) < maxQueueNames {
-			c.queues[t.queue]++
+		c.Tasks++
+		c.LastLine = lr.line
+		if _, counted := c.Queues[t.Queue]; counted || known(t.Queue) || len(c.Queues) < maxQueueNames {
+			c.Queues[t.Queue]++
 		} else {
-			c.more++
+			c.More++
 		}
 	}
 	if err := lr.err(); err != nil {
@@ -236,7 +235,7 @@ func (s *idSet) dups() bool {
 // each line whose task id an earlier line in the same queue has. Only
 // lines whose fingerprints came twice are looked at, so a fingerprint
 // shared by two different ids is no false alarm.
-func duplicateIDs(r io.Reader, name string, skip int, d lineDefaults, now time.Time, ids *idSet) ([]string, error) {
+func duplicateIDs(r io.Reader, name string, skip int, d Defaults, now time.Time, ids *idSet) ([]string, error) {
 	seeker, ok := r.(io.Seeker)
 	if !ok {
 		return nil, fmt.Errorf("reading %s again: it cannot be read twice", name)
@@ -248,13 +247,13 @@ func duplicateIDs(r io.Reader, name string, skip int, d lineDefaults, now time.T
 	first := map[[2]string]int{}
 	var problems []string
 	for lr.next() {
-		t, err := decodeLine(lr.data, d, now)
-		if err != nil || t.taskID == "" || !ids.dupOf[ids.sum(t.queue, t.taskID)] {
+		t, err := DecodeLine(lr.data, d, now)
+		if err != nil || t.TaskID == "" || !ids.dupOf[ids.sum(t.Queue, t.TaskID)] {
 			continue
 		}
-		key := [2]string{t.queue, t.taskID}
+		key := [2]string{t.Queue, t.TaskID}
 		if line, dup := first[key]; dup {
-			problems = append(problems, fmt.Sprintf("line %d: task_id %q is also on line %d in queue %q: a task id is taken once per queue", lr.line, t.taskID, line, t.queue))
+			problems = append(problems, fmt.Sprintf("line %d: task_id %q is also on line %d in queue %q: a task id is taken once per queue", lr.line, t.TaskID, line, t.Queue))
 		} else {
 			first[key] = lr.line
 		}
@@ -262,81 +261,21 @@ func duplicateIDs(r io.Reader, name string, skip int, d lineDefaults, now time.T
 	return problems, lr.err()
 }
 
-// fileTasks returns the tasks of r, checked already by checkTasks, one a
-// call; ok is false at the end. A line that no longer passes the check
-// (the file changed between the two readings) is an error.
-func fileTasks(r io.Reader, name string, skip int, d lineDefaults, now time.Time) func() (task, bool, error) {
+// FileTasks returns the tasks of r, checked already by CheckTasks with the
+// same arguments, one a call, each with its Line; ok is false at the end.
+// It is Loader.Load's next. A line that no longer passes the check (the
+// file changed between the two readings) is an error.
+func FileTasks(r io.Reader, name string, skip int, d Defaults, now time.Time) func() (t Task, ok bool, err error) {
 	lr := newLineReader(r, name, skip)
-	return func() (task, bool, error) {
+	return func() (Task, bool, error) {
 		if !lr.next() {
-			return task{}, false, lr.err()
+			return Task{}, false, lr.err()
 		}
-		t, err := decodeLine(lr.data, d, now)
+		t, err := DecodeLine(lr.data, d, now)
 		if err != nil {
-			return task{}, false, fmt.Errorf("%s: line %d changed after it was checked: %w", name, lr.line, err)
+			return Task{}, false, fmt.Errorf("%s: line %d changed after it was checked: %w", name, lr.line, err)
 		}
-		t.line = lr.line
+		t.Line = lr.line
 		return t, true, nil
 	}
-}
-
-// showProgress shows done of total on w until the returned stop is called:
-// a bar on a terminal, else a line a second.
-func showProgress(w io.Writer, total int, done *atomic.Int64) (stop func()) {
-	quit, stopped := make(chan struct{}), make(chan struct{})
-	if isTerminal(w) {
-		bar := progressbar.NewOptions64(int64(total),
-			progressbar.OptionSetWriter(w),
-			progressbar.OptionSetDescription("enqueue"),
-			progressbar.OptionShowCount(),
-			progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("tasks"),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
-			progressbar.OptionSetRenderBlankState(true), // starts its clock now; else the first rate is over microseconds
-		)
-		go func() {
-			defer close(stopped)
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-tick.C:
-					bar.Set64(done.Load())
-				case <-quit:
-					bar.Set64(done.Load())
-					if !bar.IsFinished() {
-						bar.Exit()
-						fmt.Fprintln(w)
-					}
-					return
-				}
-			}
-		}()
-	} else {
-		go func() {
-			defer close(stopped)
-			start := time.Now()
-			tick := time.NewTicker(time.Second)
-			defer tick.Stop()
-			for {
-				select {
-				case <-tick.C:
-					n := done.Load()
-					fmt.Fprintf(w, "enqueue: %d/%d enqueued (%s tasks/s)\n", n, total, grouped(float64(n)/time.Since(start).Seconds()))
-				case <-quit:
-					return
-				}
-			}
-		}()
-	}
-	return func() {
-		close(quit)
-		<-stopped
-	}
-}
-
-// grouped formats x rounded to an integer with thousands separators: 41,230.
-func grouped(x float64) string {
-	return message.NewPrinter(language.English).Sprintf("%d", int64(math.Round(x)))
 }
