@@ -106,7 +106,7 @@ func TestCustomerQuota(t *testing.T) {
 // named for the test, and without its fairness line unless fair.
 func customerConfig(t *testing.T, redis, queue, quota string, fair bool) string {
 	t.Helper()
-	config := readmeSnippet(t, "## Per-customer API quotas, start to finish", "yaml")
+	config := docSnippet(t, "README.md", "## Per-customer API quotas, start to finish", "yaml")
 	var lines []string
 	for _, line := range strings.Split(config, "\n") {
 		switch {

@@ -16,34 +16,13 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// readmeSnippet returns the first code block in language lang ("go",
-// "yaml") of the README's section headed heading.
-func readmeSnippet(t *testing.T, heading, lang string) string {
-	t.Helper()
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "\n"+heading+"\n")
-	if !ok {
-		t.Fatalf("README has no section %q", heading)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	_, code, ok := strings.Cut(section, "```"+lang+"\n")
-	if !ok {
-		t.Fatalf("README section %q has no %s code block", heading, lang)
-	}
-	code, _, _ = strings.Cut(code, "```")
-	return code
-}
-
 // TestReadmeWorkerSnippet: the worker of the README's "Use sluice in your
 // own worker" builds as it is (with a sendEmail of the test's) and, given
 // a bad config, exits 2 with the key at fault, as the README promises of
 // a worker; log.Fatal exited 1.
 func TestReadmeWorkerSnippet(t *testing.T) {
 	t.Parallel()
-	code := readmeSnippet(t, "## Use sluice in your own worker", "go")
+	code := docSnippet(t, "README.md", "## Use sluice in your own worker", "go")
 	// A directory starting with _ is outside ./... patterns: go vet and the
 	// package list never see it.
 	dir, err := os.MkdirTemp(".", "_readme-worker-")
