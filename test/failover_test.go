@@ -15,8 +15,8 @@ import (
 
 // TestClusterFailover: three workers on a Redis Cluster of the test's own
 // (3 masters, one replica each), logged in as the ACL user of
-// docs/security.md, drain a queue at 20/s (leaky bucket, burst 1) whose tasks also draw on a quota
-// far above it. The master that holds the queue (asynq's keys of it and
+// docs/security.md, drain a queue at 20/s (leaky bucket, burst 1) whose
+// tasks also draw on a quota far above it. The master that holds the queue (asynq's keys of it and
 // its drain's state: one hash tag, one slot) is killed with -9 mid-run.
 // Once its replica is promoted, the fleet goes on with no worker
 // restarted: every worker runs tasks again, the drain is at 20/s within
