@@ -2,6 +2,7 @@ package test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -9,8 +10,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -19,7 +23,9 @@ import (
 // TestReadmeWorkerSnippet: the worker of the README's "Use sluice in your
 // own worker" builds as it is (with a sendEmail of the test's) and, given
 // a bad config, exits 2 with the key at fault, as the README promises of
-// a worker; log.Fatal exited 1.
+// a worker (log.Fatal exited 1); given the README's config beside it (on
+// the test's Redis and queue), it runs an email:send task through its
+// gates and stops with exit code 0 on SIGTERM.
 func TestReadmeWorkerSnippet(t *testing.T) {
 	t.Parallel()
 	code := docSnippet(t, "README.md", "## Use sluice in your own worker", "go")
@@ -56,6 +62,52 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "queues.emails.drain.limit") {
 		t.Errorf("the README's worker on a bad config said %q, want the key queues.emails.drain.limit named", out)
+	}
+
+	queue := redistest.Queue(t, "emails")
+	config := docSnippet(t, "README.md", "## Use sluice in your own worker", "yaml")
+	for from, to := range map[string]string{"redis: {addr: 127.0.0.1:6379}": "redis: {addr: " + redisAddr(t) + "}", "\n  emails:": "\n  " + queue + ":"} {
+		if !strings.Contains(config, from) {
+			t.Fatalf("the README's config has no %q:\n%s", from, config)
+		}
+		config = strings.Replace(config, from, to, 1)
+	}
+	if err := os.WriteFile(filepath.Join(run, "config.yaml"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	cmd = exec.Command(binary)
+	cmd.Dir = run
+	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+freeAddr(t))
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redisAddr(t)})
+	defer client.Close()
+	if _, err := client.Enqueue(asynq.NewTask("email:send", []byte(`{"to": "ann@example.com"}`)), asynq.Queue(queue)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 20*time.Second, "the README's worker to run the email:send task", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("the README's worker on the README's config exited: %v\n%s", err, log.String())
+		default:
+		}
+		info := redistest.QueueInfo(t, queue)
+		return info.Processed >= 1 && info.Pending == 0 && info.Active == 0
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("the README's worker stopped by SIGTERM: %v, want exit code 0\n%s", err, log.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Errorf("the README's worker did not stop within 15 s of SIGTERM")
 	}
 }
 
