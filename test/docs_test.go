@@ -149,13 +149,22 @@ func links(text string) []string {
 	return out
 }
 
-// TestReadmeLinks: every relative link in README.md and docs/*.md names a
-// file or directory that exists and, with a #anchor, a heading of the page
-// it names, by GitHub's rules for anchors; so moving a section between
-// pages cannot leave a link behind.
+// TestReadmeLinks: every relative link in README.md, docs/*.md and the
+// examples' READMEs names a file or directory that exists and, with a
+// #anchor, a heading of the page it names, by GitHub's rules for anchors;
+// so moving a section between pages cannot leave a link behind.
 func TestReadmeLinks(t *testing.T) {
 	t.Parallel()
-	for _, file := range docPages(t) {
+	examples, err := filepath.Glob(filepath.Join("..", "examples", "*", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := docPages(t)
+	for _, e := range examples {
+		rel, _ := filepath.Rel("..", e)
+		files = append(files, filepath.ToSlash(rel))
+	}
+	for _, file := range files {
 		text := readDoc(t, file)
 		for _, target := range links(text) {
 			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
