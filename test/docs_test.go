@@ -223,9 +223,9 @@ func TestReadmeMapListsEveryPage(t *testing.T) {
 	}
 }
 
-// TestGithubSlug pins the anchor rules the link test relies on, with
+// TestReadmeAnchorSlugs pins the anchor rules the link test relies on, with
 // headings of these very docs.
-func TestGithubSlug(t *testing.T) {
+func TestReadmeAnchorSlugs(t *testing.T) {
 	for _, tt := range []struct{ desc, heading, want string }{
 		{"words", "Use sluice in your own worker", "use-sluice-in-your-own-worker"},
 		{"comma", "Per-customer API quotas, start to finish", "per-customer-api-quotas-start-to-finish"},
