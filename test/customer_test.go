@@ -74,12 +74,12 @@ func startCRM(t *testing.T, limit int) *crm {
 	return c
 }
 
-// TestCustomerQuota (issue 20.1, 20.2): the README's case of a per-customer
+// TestCustomerQuota (issue 20.1, 20.2): the guide's case of a per-customer
 // API quota. A CRM allows each customer token 5 requests in any sliding
 // second (429 + Retry-After beyond); two workers built on package worker
 // (test/customerworker) sync records through it from one queue drained at
-// 20/s, with the config the README's guide gives for "5 per token in any
-// sliding second". 300 tasks of a big customer, then 10 each of 5 small
+// 20/s, with the config the guide (docs/per-customer-quotas.md) gives for
+// "5 per token in any sliding second". 300 tasks of a big customer, then 10 each of 5 small
 // ones. With fair shares by customer and without, it asserts: 0 429s; the
 // big customer at 4.5/s or more over its run (90% of its quota) as the
 // CRM's arrivals show; each small customer's last record accepted within
@@ -101,12 +101,12 @@ func TestCustomerQuota(t *testing.T) {
 	}
 }
 
-// customerConfig is the config of the README's "Per-customer API quotas,
-// start to finish", as it is, on redis (backend.yaml) with queue and quota
+// customerConfig is the config of the guide "Per-customer API quotas,
+// start to finish" (docs/per-customer-quotas.md), as it is, on redis (backend.yaml) with queue and quota
 // named for the test, and without its fairness line unless fair.
 func customerConfig(t *testing.T, redis, queue, quota string, fair bool) string {
 	t.Helper()
-	config := readmeSnippet(t, "## Per-customer API quotas, start to finish", "yaml")
+	config := docSnippet(t, "docs/per-customer-quotas.md", "# Per-customer API quotas, start to finish", "yaml")
 	var lines []string
 	for _, line := range strings.Split(config, "\n") {
 		switch {
@@ -120,7 +120,7 @@ func customerConfig(t *testing.T, redis, queue, quota string, fair bool) string 
 	config = strings.Join(lines, "\n")
 	for from, to := range map[string]string{"\n  crm:\n": "\n  " + queue + ":\n", "\n  crm-api:": "\n  " + quota + ":", "[crm-api]": "[" + quota + "]"} {
 		if !strings.Contains(config, from) {
-			t.Fatalf("the README's config has no %q:\n%s", from, config)
+			t.Fatalf("the guide's config has no %q:\n%s", from, config)
 		}
 		config = strings.Replace(config, from, to, 1)
 	}

@@ -14,9 +14,9 @@ import (
 )
 
 // TestClusterFailover: three workers on a Redis Cluster of the test's own
-// (3 masters, one replica each), logged in as the README's ACL user, drain
-// a queue at 20/s (leaky bucket, burst 1) whose tasks also draw on a quota
-// far above it. The master that holds the queue (asynq's keys of it and
+// (3 masters, one replica each), logged in as the ACL user of
+// docs/security.md, drain a queue at 20/s (leaky bucket, burst 1) whose
+// tasks also draw on a quota far above it. The master that holds the queue (asynq's keys of it and
 // its drain's state: one hash tag, one slot) is killed with -9 mid-run.
 // Once its replica is promoted, the fleet goes on with no worker
 // restarted: every worker runs tasks again, the drain is at 20/s within
@@ -29,13 +29,13 @@ func TestClusterFailover(t *testing.T) {
 	const tasks, perSecond = 480, 20
 	c := redistest.StartCluster(t)
 	const password = "failover"
-	acl := readmeACL(t, password)
+	acl := documentedACL(t, password)
 	for _, n := range c.Nodes { // ACL users are each node's own
 		rdb := redis.NewClient(&redis.Options{Addr: n.Addr})
 		err := rdb.Do(context.Background(), acl...).Err()
 		rdb.Close()
 		if err != nil {
-			t.Fatalf("the README's ACL on %s: %v", n.Addr, err)
+			t.Fatalf("the documented ACL on %s: %v", n.Addr, err)
 		}
 	}
 	b := backend{name: "failover", cluster: true, nodes: c.Addrs(), login: ", username: sluice, password: " + password}

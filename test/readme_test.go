@@ -2,6 +2,7 @@ package test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -9,41 +10,25 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// readmeSnippet returns the first code block in language lang ("go",
-// "yaml") of the README's section headed heading.
-func readmeSnippet(t *testing.T, heading, lang string) string {
-	t.Helper()
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "\n"+heading+"\n")
-	if !ok {
-		t.Fatalf("README has no section %q", heading)
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	_, code, ok := strings.Cut(section, "```"+lang+"\n")
-	if !ok {
-		t.Fatalf("README section %q has no %s code block", heading, lang)
-	}
-	code, _, _ = strings.Cut(code, "```")
-	return code
-}
-
 // TestReadmeWorkerSnippet: the worker of the README's "Use sluice in your
 // own worker" builds as it is (with a sendEmail of the test's) and, given
 // a bad config, exits 2 with the key at fault, as the README promises of
-// a worker; log.Fatal exited 1.
+// a worker (log.Fatal exited 1); given the README's config beside it (on
+// the test's Redis and queue), it runs an email:send task through its
+// gates and stops with exit code 0 on SIGTERM.
 func TestReadmeWorkerSnippet(t *testing.T) {
 	t.Parallel()
-	code := readmeSnippet(t, "## Use sluice in your own worker", "go")
+	code := docSnippet(t, "README.md", "## Use sluice in your own worker", "go")
 	// A directory starting with _ is outside ./... patterns: go vet and the
 	// package list never see it.
 	dir, err := os.MkdirTemp(".", "_readme-worker-")
@@ -77,6 +62,52 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "queues.emails.drain.limit") {
 		t.Errorf("the README's worker on a bad config said %q, want the key queues.emails.drain.limit named", out)
+	}
+
+	queue := redistest.Queue(t, "emails")
+	config := docSnippet(t, "README.md", "## Use sluice in your own worker", "yaml")
+	for from, to := range map[string]string{"redis: {addr: 127.0.0.1:6379}": "redis: {addr: " + redisAddr(t) + "}", "\n  emails:": "\n  " + queue + ":"} {
+		if !strings.Contains(config, from) {
+			t.Fatalf("the README's config has no %q:\n%s", from, config)
+		}
+		config = strings.Replace(config, from, to, 1)
+	}
+	if err := os.WriteFile(filepath.Join(run, "config.yaml"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	cmd = exec.Command(binary)
+	cmd.Dir = run
+	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+freeAddr(t))
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redisAddr(t)})
+	defer client.Close()
+	if _, err := client.Enqueue(asynq.NewTask("email:send", []byte(`{"to": "ann@example.com"}`)), asynq.Queue(queue)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 20*time.Second, "the README's worker to run the email:send task", func() bool {
+		select {
+		case err := <-exited:
+			t.Fatalf("the README's worker on the README's config exited: %v\n%s", err, log.String())
+		default:
+		}
+		info := redistest.QueueInfo(t, queue)
+		return info.Processed >= 1 && info.Pending == 0 && info.Active == 0
+	})
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("the README's worker stopped by SIGTERM: %v, want exit code 0\n%s", err, log.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Errorf("the README's worker did not stop within 15 s of SIGTERM")
 	}
 }
 

@@ -26,7 +26,7 @@ const tlsServerName = "redis.sluice.test"
 
 // TestTLSAndACL: a worker and enqueue against a redis-server that serves
 // TLS only, with a CA made by the test, asking for client certificates,
-// logged in as an ACL user that has exactly what the README lists: 20
+// logged in as an ACL user that has exactly what docs/security.md lists: 20
 // http:request tasks of 2 tenants from `enqueue --file` (half with
 // MaxRetry 0) run once each through a drained queue (10/s: never more than
 // 11 in a second) with fair shares by tenant and a quota keyed by tenant
@@ -48,8 +48,8 @@ func TestTLSAndACL(t *testing.T) {
 	rdb := admin.Client()
 	defer rdb.Close()
 	const password = "tls-and-acl"
-	if err := rdb.Do(context.Background(), readmeACL(t, password)...).Err(); err != nil {
-		t.Fatalf("the README's ACL: %v", err)
+	if err := rdb.Do(context.Background(), documentedACL(t, password)...).Err(); err != nil {
+		t.Fatalf("the documented ACL: %v", err)
 	}
 
 	u := newUpstream(t)
@@ -151,23 +151,20 @@ func checkACLLog(t *testing.T, rdb redis.UniversalClient) {
 	}
 	for _, e := range entries {
 		if entry, _ := e.(map[any]any); entry["reason"] != "auth" {
-			t.Errorf("ACL LOG: %v; want no command, key or channel refused to the README's user", e)
+			t.Errorf("ACL LOG: %v; want no command, key or channel refused to the documented user", e)
 		}
 	}
 }
 
-// readmeACL is the README's ACL SETUSER for the sluice user, as a command
-// for go-redis, with password in place of CHANGE-ME: the test applies
-// what the README says, not a copy of it.
-func readmeACL(t *testing.T, password string) []any {
+// documentedACL is the ACL SETUSER for the sluice user that
+// docs/security.md gives, as a command for go-redis, with password in
+// place of CHANGE-ME: the test applies what the docs say, not a copy of it.
+func documentedACL(t *testing.T, password string) []any {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, block, ok := bytes.Cut(readme, []byte("redis-cli ACL SETUSER sluice "))
+	doc := []byte(readDoc(t, "docs/security.md"))
+	_, block, ok := bytes.Cut(doc, []byte("redis-cli ACL SETUSER sluice "))
 	if !ok {
-		t.Fatal("README.md has no `redis-cli ACL SETUSER sluice` block")
+		t.Fatal("docs/security.md has no `redis-cli ACL SETUSER sluice` block")
 	}
 	var cmd []any
 	for _, line := range strings.Split(string(block), "\n") {
@@ -180,7 +177,7 @@ func readmeACL(t *testing.T, password string) []any {
 		}
 	}
 	if len(cmd) < 2 || cmd[0] != "reset" {
-		t.Fatalf("the README's ACL starts %v, want reset: it must grant what it lists and nothing more", cmd)
+		t.Fatalf("the documented ACL starts %v, want reset: it must grant what it lists and nothing more", cmd)
 	}
 	return append([]any{"ACL", "SETUSER", "sluice"}, cmd...)
 }
