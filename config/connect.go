@@ -68,7 +68,7 @@ func (r Redis) refused(err error) *RefusedError {
 	case redis.HasErrorPrefix(err, "NOAUTH"):
 		return &RefusedError{"redis.password", at + " needs a password (and redis.username, for an ACL user)", err}
 	case redis.HasErrorPrefix(err, "NOPERM"):
-		return &RefusedError{"redis.username", fmt.Sprintf("%s lets user %q in but not run PING: give the user the commands the README's ACL lists", at, user), err}
+		return &RefusedError{"redis.username", fmt.Sprintf("%s lets user %q in but not run PING: give the user the commands the ACL in docs/security.md lists", at, user), err}
 	case errors.As(err, &unknownCA):
 		if r.TLSCaFile != "" {
 			return &RefusedError{"redis.tls_ca_file", fmt.Sprintf("the certificate of %s is not signed by a CA in %s", at, r.TLSCaFile), err}

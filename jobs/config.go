@@ -163,7 +163,7 @@ const defaultMaxBlock = 10 * time.Minute
 // defaultGuard is a sliding window quota's Guard unless the config says
 // otherwise: requests reached an upstream up to 16ms closer than their
 // turns on a quiet 2-core machine, and up to 72ms on the same machine at
-// a load of 8 (TestCustomerQuota; see README, "Your provider says N per
+// a load of 8 (TestCustomerQuota; see docs/per-customer-quotas.md, "Your provider says N per
 // period"). It costs a quota of N per second 7% of its rate.
 const defaultGuard = 75 * time.Millisecond
 

@@ -198,7 +198,7 @@ func compile(spec Spec) (compiled, error) {
 }
 
 // The most state a limiter books ahead, so that one decision stays within
-// a few milliseconds of Redis time (see the README's "cost of a call"):
+// a few milliseconds of Redis time (see docs/benchmarks.md, "throttle: decisions per second"):
 // reservations further ahead are refused (their Delay says when to ask
 // again).
 const (

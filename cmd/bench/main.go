@@ -1,5 +1,5 @@
 // Command bench measures sluice against its peers on a real redis-server and
-// prints Markdown tables for the README (progress goes to stderr).
+// prints Markdown tables for docs/benchmarks.md (progress goes to stderr).
 //
 //	scripts/redis-env.sh go run ./cmd/bench            # what `make bench` runs
 //	go run ./cmd/bench -addr 127.0.0.1:6379 -only throttle -duration 5s
