@@ -197,10 +197,40 @@ type Ban struct {
 	Max    time.Duration // default For
 }
 
-// Problems is the error Load returns for a file or environment that is wrong:
-// one error per problem, each starting with its key as config.yaml spells it,
-// e.g. "queues.emails.drain.limit: must be > 0, got 0", and ending with the
-// variable that set it, if one did: "(from SLUICE_WORKER_CONCURRENCY)".
+// Problem is one thing wrong with a config, where it was written: at a
+// line of the file, or in a SLUICE_* variable. Its Error reads
+// "config.yaml:14: queues.emails.drain.limit: must be > 0, got -3", or
+// "SLUICE_QUEUES_EMAILS_DRAIN_LIMIT: queues.emails.drain.limit: must be > 0,
+// got -3" for a variable.
+type Problem struct {
+	File string // the config file's path
+	// Line is the line of Path in File, or of the nearest key above it
+	// that the file sets (for a key it leaves out); 0 when the file sets
+	// none of them, or when Env is set.
+	Line int
+	Env  string // the variable that set Path, or a key above it, if one did
+	Path string // the key as config.yaml spells it; "" for the file as a whole
+	Msg  string // what is wrong: "must be > 0, got -3"
+}
+
+func (p *Problem) Error() string {
+	where := p.File
+	switch {
+	case p.Env != "":
+		where = p.Env
+	case p.Line > 0:
+		where = fmt.Sprintf("%s:%d", p.File, p.Line)
+	}
+	if p.Path == "" {
+		return where + ": " + p.Msg
+	}
+	return where + ": " + p.Path + ": " + p.Msg
+}
+
+// Problems is the error Load returns for a file or environment that is
+// wrong: every problem at once, each a *Problem (those of package worker's
+// own checks, such as a handler's task type missing under tasks, may be
+// other errors that start with their key).
 type Problems struct {
 	Path string
 	Errs []error
