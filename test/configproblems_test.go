@@ -37,7 +37,7 @@ func TestConfigProblems(t *testing.T) {
 		{desc: "negative limit", yaml: "queues:\n  emails:\n    drain: {limit: -3, period: 1s}\n",
 			want: "config.yaml:4: queues.emails.drain.limit: must be > 0, got -3"},
 		{desc: "zero period", yaml: "quotas:\n  api:\n    limit: 5\n    period: 0s\n",
-			want: "config.yaml:5: quotas.api.period: must be > 0"},
+			want: "config.yaml:5: quotas.api.period: must be at least 1ms, got 0µs"},
 		{desc: "bad duration", yaml: "worker:\n  hold_max: soon\n",
 			want: `config.yaml:3: worker.hold_max: must be a duration with a unit, like 1s, 500ms or 5m, got "soon"`},
 		{desc: "unknown algorithm", yaml: "quotas:\n  api: {algorithm: token-bucket, limit: 1, period: 1s}\n",
