@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/config"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	sluiceworker "github.com/sluicehq/sluice/worker"
 )
 
@@ -97,4 +100,23 @@ func runBriefly(t *testing.T, args ...string) (int, string) {
 		t.Fatalf("running %q: %v", args, err)
 	}
 	return cmd.ProcessState.ExitCode(), stderr.String()
+}
+
+// TestQueueNamesKeepTheirCase: queues named Mail and mail in config.yaml
+// are two queues, as asynq has them: enqueue takes both names, and a
+// worker serves both, each task run from the queue it was enqueued to.
+func TestQueueNamesKeepTheirCase(t *testing.T) {
+	t.Parallel()
+	addr := redisAddr(t)
+	upper, lower := redistest.Queue(t, "Mail"), redistest.Queue(t, "mail")
+	path := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues:\n  %s: {priority: 2}\n  %s: {}\n", addr, upper, lower))
+	for _, q := range []string{upper, lower} {
+		if r := runEnqueue(t, addr, nil, "--config", path, "--queue", q, "--count", "3", "demo:noop", "{}"); r.code != 0 || strings.Contains(r.stderr, "warning") {
+			t.Fatalf("enqueue --queue %s: want exit 0 and no warning\n%v", q, r)
+		}
+	}
+	startWorker(t, path)
+	testkit.WaitFor(t, 20*time.Second, "3 tasks run from each queue", func() bool {
+		return redistest.QueueInfo(t, upper).ProcessedTotal >= 3 && redistest.QueueInfo(t, lower).ProcessedTotal >= 3
+	})
 }
