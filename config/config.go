@@ -535,11 +535,11 @@ func hostPort(s string) error {
 	return nil
 }
 
-// problems collects errors that each start with a key.
+// problems collects problems of keys, as jobs.Config.Validate does.
 type problems []error
 
 func (p *problems) add(key, format string, args ...any) {
-	*p = append(*p, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	*p = append(*p, &jobs.ConfigProblem{Key: key, Problem: fmt.Sprintf(format, args...)})
 }
 
 func (p *problems) check(key string, err error) {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/spf13/viper"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/jobs"
 )
 
 // load decodes data, the content of the file at path, into a File and
@@ -39,9 +42,9 @@ func load(path string, data []byte) (File, error) {
 	f = f.Defaults()
 	schemas, errs := compileSchemas(f, filepath.Dir(path))
 	for _, err := range append(f.Validate(), errs...) {
-		key, msg, _ := strings.Cut(err.Error(), ": ") // each starts with its key
-		if !slices.ContainsFunc(parents(key), func(k string) bool { return d.bad[k] }) {
-			d.add(key, "%s", msg) // not a zero value that repeats a problem found
+		p := &jobs.ConfigProblem{Problem: err.Error()} // one of no key is the file's
+		if errors.As(err, &p); !slices.ContainsFunc(parents(p.Key), func(k string) bool { return d.bad[k] }) {
+			d.add(p.Key, "%s", p.Problem) // not a zero value that repeats a problem found
 		}
 	}
 	if len(d.errs) > 0 {
@@ -62,8 +65,7 @@ type decoder struct {
 	bad   map[string]bool     // keys whose value could not be decoded
 }
 
-// decode sets v, the value at key, from n (nil: not in the file) and from
-// the key's variable, if set.
+// decode sets v, at key, from n (nil: not in the file) or the key's variable.
 func (d *decoder) decode(key string, n *yaml.Node, v reflect.Value) {
 	switch t := v.Type(); {
 	case t.Kind() == reflect.Pointer: // nil unless the file or a variable sets a key below
@@ -159,9 +161,8 @@ func (d *decoder) wrong(key string, t reflect.Type, got string) {
 	d.add(key, "must be %s, got %s", want(t), got)
 }
 
-// add adds a problem of key. It is placed at the variable that set the
-// key or the nearest key above it, else at the line of the nearest in
-// the file.
+// add adds a problem of key, at the variable that set it or a key above it,
+// else at the line of the nearest of them in the file.
 func (d *decoder) add(key, format string, args ...any) {
 	p := &Problem{File: d.file, Path: key, Msg: fmt.Sprintf(format, args...)}
 	for _, k := range parents(key) {
@@ -175,10 +176,9 @@ func (d *decoder) add(key, format string, args ...any) {
 	d.errs = append(d.errs, p)
 }
 
-// set sets v from n, a value of the file or a variable's (a quoted
-// string). YAML decodes it, a string by its text as if unquoted ("42",
-// "true", "1s"), except that a whole number must be one; a list may be one
-// comma-separated string.
+// set sets v from n, a value of the file or a variable's (a quoted string):
+// YAML decodes it, a string as if unquoted ("42", "true", "1s"), but a whole
+// number must be one; a list may be one comma-separated string.
 func set(v reflect.Value, n *yaml.Node) bool {
 	var items []string
 	switch {
