@@ -226,10 +226,9 @@ func (p *Problem) Error() string {
 	return where + ": " + p.Path + ": " + p.Msg
 }
 
-// Problems is the error Load returns for a file or environment that is
-// wrong: every problem at once, each a *Problem (those of package worker's
-// own checks, such as a handler's task type missing under tasks, may be
-// other errors that start with their key).
+// Problems is the error Load (and package worker) returns for a file or
+// environment that is wrong: every problem at once, each a *Problem, those
+// of the file in the order of its lines.
 type Problems struct {
 	Path string
 	Errs []error
