@@ -227,8 +227,8 @@ func (p *Problem) Error() string {
 }
 
 // Problems is the error Load (and package worker) returns for a file or
-// environment that is wrong: every problem at once, each a *Problem, those
-// of the file in the order of its lines.
+// environment that is wrong: every problem at once, each a *Problem; those
+// found reading the file, in the order of its lines, come first.
 type Problems struct {
 	Path string
 	Errs []error

@@ -527,3 +527,29 @@ func TestRedisClients(t *testing.T) {
 		})
 	}
 }
+
+// TestProblemFields: each problem is a *Problem whose fields say where it
+// was written: a line of the file (for a key the file leaves out, the line
+// of the nearest key above it), or the variable that set the key.
+func TestProblemFields(t *testing.T) {
+	t.Setenv("SLUICE_WORKER_CONCURRENCY", "-2")
+	path := write(t, "redis: {addr: 127.0.0.1:6379}\nqueues:\n  Emails:\n    drain:\n      limit: -3\n      period: 1s\ngateway:\n  ban: {after: 3, for: 1m}\n")
+	_, err := Load(path)
+	var p *Problems
+	if !errors.As(err, &p) {
+		t.Fatalf("Load = %v, want *Problems", err)
+	}
+	want := []Problem{
+		{File: path, Env: "SLUICE_WORKER_CONCURRENCY", Path: "worker.concurrency", Msg: "must be >= 1, got -2"},
+		{File: path, Line: 5, Path: "queues.Emails.drain.limit", Msg: "must be > 0, got -3"},
+		{File: path, Line: 8, Path: "gateway.ban.within", Msg: "must be > 0 when gateway.ban.after is set, got 0s"},
+	}
+	if len(p.Errs) != len(want) {
+		t.Fatalf("got %d problems, want %d:\n%v", len(p.Errs), len(want), err)
+	}
+	for i, w := range want {
+		if got, ok := p.Errs[i].(*Problem); !ok || *got != w {
+			t.Errorf("problem %d = %#v, want %#v", i, p.Errs[i], w)
+		}
+	}
+}
