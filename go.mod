@@ -6,7 +6,6 @@ require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/fsnotify/fsnotify v1.9.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
-	github.com/go-viper/mapstructure/v2 v2.4.0
 	github.com/google/cel-go v0.31.0
 	github.com/hibiken/asynq v0.26.0
 	github.com/hibiken/asynqmon v0.7.2
@@ -31,6 +30,7 @@ require (
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/mux v1.8.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect

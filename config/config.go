@@ -3,39 +3,37 @@
 // your own run on: Load reads and checks a file, Watch reloads it when it
 // changes. A program that runs its own asynq.Server takes its Redis
 // connection from File.Redis and its gates from File.Jobs (see the
-// asynqServer example). viper reads the file and the environment
-// and mapstructure decodes the result into File; nothing outside this package
-// and cmd/* knows either of them.
+// asynqServer example). The file is decoded from the YAML's own nodes
+// (go.yaml.in/yaml/v3), which give each key's line, and viper reads the
+// environment; nothing outside this package and cmd/* knows either of them.
 //
 //	f, err := config.Load("config.yaml")
 //	var problems *config.Problems
 //	if errors.As(err, &problems) {
 //		for _, p := range problems.Errs {
-//			fmt.Fprintln(os.Stderr, p) // "queues.emails.drain.limit: must be > 0, got 0"
+//			fmt.Fprintln(os.Stderr, p) // "config.yaml:14: queues.emails.drain.limit: must be > 0, got 0"
 //		}
 //		os.Exit(2)
 //	}
 //
 // # Keys and names
 //
-// A key is its struct field's name in snake_case (MetricsAddr: metrics_addr).
-// viper folds keys to lower case, so keys are case-insensitive. Names of
-// queues, quotas and task types are map keys too, but asynq's names are
-// case-sensitive: a name must be written in lower case, and one that is not
-// ("queues.Emails") is a problem rather than a silent rename. Dots, dashes
-// and colons in names are kept (api.example.com, http:request): the key
-// delimiter given to viper is "::", not ".", so a name must not contain "::"
-// or end in ":".
+// A key is its struct field's name in snake_case (MetricsAddr: metrics_addr);
+// keys are case-insensitive (Worker: {Hold_Max: 2s} is worker.hold_max).
+// Names of queues, quotas and task types are map keys too, and are kept as
+// written, case included: asynq's names are case-sensitive, so queues Emails
+// and emails are two queues. Dots, dashes and colons in names are kept
+// (api.example.com, http:request).
 //
-// A key the structs do not have is a problem (worker.concurency: unknown key),
-// unless its value is empty (queue: {} or a bare "queue:"): viper drops such
-// keys before they can be seen.
-// Durations need a unit (500ms, 1s, 5m); a bare number is a problem. A list
-// may also be written as one comma-separated string, in the file as in the
-// environment: "h1:6379, h2:6379" is [h1:6379, h2:6379]. Load reports every
-// problem at once, each starting with its key; line numbers are not known
-// (viper hands over values, not positions), except for YAML syntax errors,
-// duplicate keys among them.
+// A key the structs do not have is a problem (worker.concurency: unknown
+// key), and so is a key set twice in one mapping. YAML anchors, aliases
+// and merge keys (<<: *defaults) work as YAML says. Durations need a unit
+// (500ms, 1s, 5m); a bare number is a problem. A list may also be written
+// as one comma-separated string, in the file as in the environment:
+// "h1:6379, h2:6379" is [h1:6379, h2:6379]. Load reports every problem at
+// once, each a *Problem that names its key and where it was written: the
+// line of the file (for a key the file leaves out, the line of the nearest
+// key above it that it sets), or the variable that set it.
 //
 // # Environment
 //
@@ -43,13 +41,14 @@
 // is the key path in capitals with every character other than a letter or a
 // digit turned into "_": SLUICE_REDIS_ADDR, SLUICE_WORKER_METRICS_ADDR,
 // SLUICE_GATEWAY_BAN_FOR, SLUICE_REDIS_CLUSTER=h1:6379,h2:6379. Every key of
-// redis, worker, http and gateway except gateway.limits is bound to its
-// variable, so a variable works whether or not the file sets the key; so is
-// every key of each queue, quota and task type the file names:
+// redis, worker, http and gateway except gateway.limits and gateway.clients
+// has its variable, so a variable works whether or not the file sets the
+// key; so does every key of each queue, quota and task type the file names:
 // SLUICE_QUEUES_EMAILS_DRAIN_LIMIT, SLUICE_QUOTAS_EXAMPLE_API_LIMIT,
 // SLUICE_TASKS_HTTP_REQUEST_COST. A queue, quota or task type the file does
 // not name cannot be added from the environment. A variable that would set
-// two keys (queues "a-b" and "a_b" both give SLUICE_QUEUES_A_B_PRIORITY) is a
+// two keys (queues "a-b" and "a_b", or "Emails" and "emails", both give
+// SLUICE_QUEUES_A_B_PRIORITY or SLUICE_QUEUES_EMAILS_PRIORITY) is a
 // problem, not a guess. Empty variables and SLUICE_ variables that match no
 // key are ignored.
 //
@@ -197,10 +196,39 @@ type Ban struct {
 	Max    time.Duration // default For
 }
 
-// Problems is the error Load returns for a file or environment that is wrong:
-// one error per problem, each starting with its key as config.yaml spells it,
-// e.g. "queues.emails.drain.limit: must be > 0, got 0", and ending with the
-// variable that set it, if one did: "(from SLUICE_WORKER_CONCURRENCY)".
+// Problem is one thing wrong with a config, where it was written: at a
+// line of the file, or in a SLUICE_* variable. Its Error reads
+// "config.yaml:14: queues.emails.drain.limit: must be > 0, got -3", or
+// "SLUICE_QUEUES_EMAILS_DRAIN_LIMIT: queues.emails.drain.limit: must be > 0,
+// got -3" for a variable.
+type Problem struct {
+	File string // the config file's path
+	// Line is the line of Path in File, or of the nearest key above it
+	// that the file sets (for a key it leaves out); 0 when the file sets
+	// none of them, or when Env is set.
+	Line int
+	Env  string // the variable that set Path, or a key above it, if one did
+	Path string // the key as config.yaml spells it; "" for the file as a whole
+	Msg  string // what is wrong: "must be > 0, got -3"
+}
+
+func (p *Problem) Error() string {
+	where := p.File
+	switch {
+	case p.Env != "":
+		where = p.Env
+	case p.Line > 0:
+		where = fmt.Sprintf("%s:%d", p.File, p.Line)
+	}
+	if p.Path == "" {
+		return where + ": " + p.Msg
+	}
+	return where + ": " + p.Path + ": " + p.Msg
+}
+
+// Problems is the error Load (and package worker) returns for a file or
+// environment that is wrong: every problem at once, each a *Problem; those
+// found reading the file, in the order of its lines, come first.
 type Problems struct {
 	Path string
 	Errs []error
@@ -506,11 +534,11 @@ func hostPort(s string) error {
 	return nil
 }
 
-// problems collects errors that each start with a key.
+// problems collects problems of keys, as jobs.Config.Validate does.
 type problems []error
 
 func (p *problems) add(key, format string, args ...any) {
-	*p = append(*p, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	*p = append(*p, &jobs.ConfigProblem{Key: key, Problem: fmt.Sprintf(format, args...)})
 }
 
 func (p *problems) check(key string, err error) {

@@ -142,6 +142,19 @@ func TestLoadKeepsNames(t *testing.T) {
 			},
 		},
 		{
+			desc: "names keep their case (asynq's queue names are case-sensitive)",
+			yaml: "queues: {Emails: {priority: 2}, emails: {}}\nquotas: {API.example.com: {limit: 1, period: 1s}}\ntasks: {'http:Request': {quotas: [API.example.com]}}",
+			check: func(f File) bool {
+				return f.Jobs.Queues["Emails"].Priority == 2 && f.Jobs.Queues["emails"].Priority == 1 &&
+					f.Jobs.Quotas["API.example.com"].Limit == 1 && f.Jobs.Tasks["http:Request"].Quotas[0] == "API.example.com"
+			},
+		},
+		{
+			desc:  "names with colons anywhere",
+			yaml:  "tasks: {'mail::send': {cost: 2}, 'mail:': {}}",
+			check: func(f File) bool { return f.Jobs.Tasks["mail::send"].Cost == 2 && f.Jobs.Tasks["mail:"].Cost == 1 },
+		},
+		{
 			desc:  "keys are case-insensitive",
 			yaml:  "Worker: {Hold_Max: 2s}",
 			check: func(f File) bool { return f.Jobs.Worker.HoldMax == 2*time.Second },
@@ -202,24 +215,15 @@ quotas:
 			}},
 		{desc: "a guard from the environment", yaml: addr + "quotas: {api: {algorithm: sliding_log, limit: 5, period: 1s}}",
 			env:  map[string]string{"SLUICE_QUOTAS_API_GUARD": "20s"},
-			want: []string{"quotas.api.guard: must be between 1ms and 10s, and at most the period (1s), got 20s"}},
+			want: []string{"SLUICE_QUOTAS_API_GUARD: quotas.api.guard: must be between 1ms and 10s, and at most the period (1s), got 20s"}},
+		{desc: "unknown key in another case", yaml: addr + "Worker:\n  Concurency: 20",
+			want: []string{"config.yaml:3: worker.concurency: unknown key"}},
 		{desc: "unknown worker key", yaml: addr + "worker:\n  concurency: 20",
 			want: []string{"worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, waiting, ui"}},
 		{desc: "unknown section", yaml: addr + "queue: {emails: {priority: 2}}",
 			want: []string{"queue: unknown key; known keys here are redis, worker, queues, quotas, tasks, http, gateway"}},
 		{desc: "unknown key in a list item", yaml: addr + "gateway: {limits: [{name: a, key: ip, limit: 1, period: 1s, burts: 2}]}",
 			want: []string{"gateway.limits[0].burts: unknown key; known keys here are name, key, algorithm, limit, period, burst, windows, on_redis_error"}},
-		{desc: "upper-case names", yaml: addr + "queues: {Emails: {}}\nquotas: {API.example.com: {limit: 1, period: 1s}}\ntasks: {'http:Request': {}}",
-			want: []string{
-				"queues.Emails: names must be lower case (config keys are case-insensitive)",
-				"quotas.API.example.com: names must be lower case (config keys are case-insensitive)",
-				"tasks.http:Request: names must be lower case (config keys are case-insensitive)",
-			}},
-		{desc: "names viper would split", yaml: addr + "tasks: {'mail::send': {}, 'mail:': {}}",
-			want: []string{
-				`tasks.mail:: names must not contain "::" or end in ":"`,
-				`tasks.mail::send: names must not contain "::" or end in ":"`,
-			}},
 		{desc: "unknown algorithm", yaml: addr + "quotas: {api: {algorithm: token-bucket, limit: 1, period: 1s}}",
 			want: []string{"quotas.api.algorithm:"}},
 		{desc: "zero limit", yaml: addr + "quotas: {api: {limit: 0, period: 1s}}",
@@ -243,19 +247,23 @@ quotas:
 		{desc: "cluster with db", yaml: "redis: {cluster: [a:1, b], db: 2}",
 			want: []string{"redis.cluster[1]: must be host:port", "redis.db: must be 0 with redis.cluster"}},
 		{desc: "wrong shapes", yaml: "redis: {addr: 127.0.0.1:6379, tls: maybe}\nhttp: {allow: {a: 1}}\nqueues: [a]\nworker: 3\ngateway: {listen: [a]}",
-			want: []string{
-				`gateway.listen: must be a string, got a list`,
-				`http.allow: must be a list, like [a, b], got a mapping`,
-				`queues: must be a mapping of names, got a list`,
-				`redis.tls: must be true or false, got "maybe"`,
-				`worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, waiting, ui, got "3"`,
+			want: []string{ // in the file's order
+				`config.yaml:1: redis.tls: must be true or false, got "maybe"`,
+				`config.yaml:2: http.allow: must be a list, like [a, b], got a mapping`,
+				`config.yaml:3: queues: must be a mapping of names, got a list`,
+				`config.yaml:4: worker: must be a mapping with keys concurrency, metrics_addr, hold_max, reserve_max, waiting, ui, got "3"`,
+				`config.yaml:5: gateway.listen: must be a string, got a list`,
 			}},
 		{desc: "key set twice", yaml: addr + "worker: {concurrency: 1, concurrency: 2}",
-			want: []string{`not valid YAML: line 2: mapping key "concurrency" already defined at line 2`}},
+			want: []string{`config.yaml:2: worker.concurrency: set twice; first at line 2`}},
 		{desc: "section set twice", yaml: addr + "worker: {}\nredis: {}",
-			want: []string{`not valid YAML: line 3: mapping key "redis" already defined at line 1`}},
+			want: []string{`config.yaml:3: redis: set twice; first at line 1`}},
+		{desc: "key set twice in another case", yaml: addr + "worker: {concurrency: 1, Concurrency: 2}",
+			want: []string{`config.yaml:2: worker.concurrency: set twice; first at line 2`}},
+		{desc: "name set twice", yaml: addr + "queues:\n  q: {}\n  q: {priority: 2}",
+			want: []string{`config.yaml:4: queues.q: set twice; first at line 3`}},
 		{desc: "not YAML", yaml: "redis: [",
-			want: []string{"not valid YAML"}},
+			want: []string{"config.yaml: not valid YAML: line 1: did not find expected node content"}},
 		{desc: "gateway", yaml: addr + `gateway:
   listen: localhost
   trusted_proxies: [10.0.0.0/8, 10.0.0.1]
@@ -323,13 +331,13 @@ tasks: {"": {cost: 1}}`,
 				`tasks."": a task type must not be empty`,
 			}},
 		{desc: "bad environment value", yaml: addr, env: map[string]string{"SLUICE_WORKER_CONCURRENCY": "ten"},
-			want: []string{`worker.concurrency: must be a whole number, got "ten" (from SLUICE_WORKER_CONCURRENCY)`}},
+			want: []string{`SLUICE_WORKER_CONCURRENCY: worker.concurrency: must be a whole number, got "ten"`}},
 		{desc: "bad environment duration", yaml: addr, env: map[string]string{"SLUICE_WORKER_HOLD_MAX": "5"},
-			want: []string{`worker.hold_max: must be a duration with a unit, like 1s, 500ms or 5m, got "5" (from SLUICE_WORKER_HOLD_MAX)`}},
+			want: []string{`SLUICE_WORKER_HOLD_MAX: worker.hold_max: must be a duration with a unit, like 1s, 500ms or 5m, got "5"`}},
 		{desc: "bad environment list item", yaml: addr, env: map[string]string{"SLUICE_REDIS_CLUSTER": "h1:7000,h2"},
-			want: []string{`redis.cluster[1]: must be host:port with a port from 1 to 65535, like 127.0.0.1:6379, got "h2" (from SLUICE_REDIS_CLUSTER)`}},
+			want: []string{`SLUICE_REDIS_CLUSTER: redis.cluster[1]: must be host:port with a port from 1 to 65535, like 127.0.0.1:6379, got "h2"`}},
 		{desc: "environment value fails validation", yaml: addr, env: map[string]string{"SLUICE_GATEWAY_BAN_AFTER": "-1"},
-			want: []string{`gateway.ban.after: must be >= 0 (0: no bans), got -1 (from SLUICE_GATEWAY_BAN_AFTER)`}},
+			want: []string{`SLUICE_GATEWAY_BAN_AFTER: gateway.ban.after: must be >= 0 (0: no bans), got -1`}},
 		{desc: "ambiguous environment variable", yaml: addr + "queues: {a-b: {}, a_b: {}}",
 			env:  map[string]string{"SLUICE_QUEUES_A_B_PRIORITY": "2"},
 			want: []string{"SLUICE_QUEUES_A_B_PRIORITY: would set each of queues.a-b.priority, queues.a_b.priority"}},
@@ -517,5 +525,31 @@ func TestRedisClients(t *testing.T) {
 				t.Errorf("Ping(%s) = %v", live, err)
 			}
 		})
+	}
+}
+
+// TestProblemFields: each problem is a *Problem whose fields say where it
+// was written: a line of the file (for a key the file leaves out, the line
+// of the nearest key above it), or the variable that set the key.
+func TestProblemFields(t *testing.T) {
+	t.Setenv("SLUICE_WORKER_CONCURRENCY", "-2")
+	path := write(t, "redis: {addr: 127.0.0.1:6379}\nqueues:\n  Emails:\n    drain:\n      limit: -3\n      period: 1s\ngateway:\n  ban: {after: 3, for: 1m}\n")
+	_, err := Load(path)
+	var p *Problems
+	if !errors.As(err, &p) {
+		t.Fatalf("Load = %v, want *Problems", err)
+	}
+	want := []Problem{
+		{File: path, Env: "SLUICE_WORKER_CONCURRENCY", Path: "worker.concurrency", Msg: "must be >= 1, got -2"},
+		{File: path, Line: 5, Path: "queues.Emails.drain.limit", Msg: "must be > 0, got -3"},
+		{File: path, Line: 8, Path: "gateway.ban.within", Msg: "must be > 0 when gateway.ban.after is set, got 0s"},
+	}
+	if len(p.Errs) != len(want) {
+		t.Fatalf("got %d problems, want %d:\n%v", len(p.Errs), len(want), err)
+	}
+	for i, w := range want {
+		if got, ok := p.Errs[i].(*Problem); !ok || *got != w {
+			t.Errorf("problem %d = %#v, want %#v", i, p.Errs[i], w)
+		}
 	}
 }

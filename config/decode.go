@@ -1,453 +1,226 @@
 package config
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"iter"
 	"maps"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
-	"unicode"
 
-	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/viper"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/jobs"
 )
 
-// delim separates the parts of a viper key: names of quotas (api.example.com)
-// and task types (http:request) contain dots and single colons.
-const delim = "::"
-
-// load reads data, the content of the file at path, with viper and decodes
-// it into a File: see the package doc for the rules.
+// load decodes data, the content of the file at path, into a File and
+// validates it. The YAML's nodes give each key's line and the names in their
+// own case (viper would fold them to lower case); viper reads the SLUICE_*
+// variables, which win. See the package doc for the rules.
 func load(path string, data []byte) (File, error) {
-	v := viper.NewWithOptions(viper.KeyDelimiter(delim), viper.EnvKeyReplacer(envReplacer{}))
-	v.SetConfigType("yaml")
-	v.SetEnvPrefix("SLUICE")
-	v.AutomaticEnv()
-	if err := v.ReadConfig(bytes.NewReader(data)); err != nil {
-		return File{}, &Problems{Path: path, Errs: notYAML(err)}
+	env := viper.NewWithOptions(viper.EnvKeyReplacer(envReplacer{}))
+	env.SetEnvPrefix("SLUICE")
+	env.AutomaticEnv()
+	d := &decoder{file: path, env: env, lines: map[string]int{}, from: map[string]string{}, vars: map[string][]string{}, bad: map[string]bool{}}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		d.add("", "not valid YAML: %s", strings.TrimPrefix(err.Error(), "yaml: ")) // "line 3: did not find expected key"
+		return File{}, &Problems{Path: path, Errs: d.errs}
 	}
-	r := reader{env: map[string][]string{}, from: map[string]string{}, bad: map[string]bool{}}
-	r.errs = checkNames(data)
 	var f File
-	r.bind(v, "", reflect.ValueOf(&f).Elem())
-	r.checkEnv()
-	// Two passes: mapstructure drops a whole map entry (a queue, a quota)
-	// when any of its keys fails, an unknown key included, which would show
-	// its good values as unset. The first pass, with unknown keys as
-	// errors, only reports; the second decodes everything but them.
-	r.addDecodeErrors(v.Unmarshal(&File{}, decoderConfig(true)))
-	_ = v.Unmarshal(&f, decoderConfig(false)) // its errors are the first pass's, less the unknown keys
-	f = f.Defaults()
-	for _, err := range f.Validate() {
-		key, _, _ := strings.Cut(err.Error(), ": ")
-		if !r.unread(key) {
-			r.errs = append(r.errs, fmt.Errorf("%w%s", err, r.source(key)))
+	d.decode("", deref(&doc), reflect.ValueOf(&f).Elem())
+	for _, name := range slices.Sorted(maps.Keys(d.vars)) {
+		if keys := d.vars[name]; len(keys) > 1 && d.from[keys[0]] != "" {
+			d.errs = append(d.errs, &Problem{File: path, Env: name, Msg: "would set each of " + strings.Join(keys, ", ") + "; rename one of them or set the key in the file"})
 		}
 	}
+	slices.SortStableFunc(d.errs, func(a, b error) int { return a.(*Problem).Line - b.(*Problem).Line })
+	f = f.Defaults()
 	schemas, errs := compileSchemas(f, filepath.Dir(path))
-	r.errs = append(r.errs, errs...)
-	if len(r.errs) > 0 {
-		return File{}, &Problems{Path: path, Errs: r.errs}
+	for _, err := range append(f.Validate(), errs...) {
+		p := &jobs.ConfigProblem{Problem: err.Error()} // one of no key is the file's
+		if errors.As(err, &p); !slices.ContainsFunc(parents(p.Key), func(k string) bool { return d.bad[k] }) {
+			d.add(p.Key, "%s", p.Problem) // not a zero value that repeats a problem found
+		}
 	}
-	f.digest = sha256.Sum256(data)
-	f.schemas = schemas
+	if len(d.errs) > 0 {
+		return File{}, &Problems{Path: path, Errs: d.errs}
+	}
+	f.digest, f.schemas = sha256.Sum256(data), schemas
 	return f, nil
 }
 
-// decoderConfig is how mapstructure decodes a File; errorUnused makes
-// unknown keys errors.
-func decoderConfig(errorUnused bool) viper.DecoderConfigOption {
-	return func(c *mapstructure.DecoderConfig) {
-		c.TagName = "config" // for File.Jobs's squash
-		c.MatchName = func(key, field string) bool { return key == snakeCase(field) }
-		c.DecodeHook = convert
-		c.WeaklyTypedInput = false // convert does the conversions that are wanted
-		c.ErrorUnused = errorUnused
+// decoder is the state of one load; its keys are spelled as in config.yaml.
+type decoder struct {
+	file  string
+	env   *viper.Viper
+	errs  []error
+	lines map[string]int      // key -> its line in the file
+	from  map[string]string   // key -> the variable that set it
+	vars  map[string][]string // variable -> the keys it would set
+	bad   map[string]bool     // keys whose value could not be decoded
+}
+
+// decode sets v, at key, from n (nil: not in the file) or the key's variable.
+func (d *decoder) decode(key string, n *yaml.Node, v reflect.Value) {
+	switch t := v.Type(); {
+	case t.Kind() == reflect.Pointer: // nil unless the file or a variable sets a key below
+		p, set := reflect.New(t.Elem()), len(d.from)
+		if d.decode(key, n, p.Elem()); n != nil || len(d.from) > set {
+			v.Set(p)
+		}
+	case t.Kind() == reflect.Struct:
+		fs, nodes := fieldsOf(t), map[string]*yaml.Node{}
+		d.pairs(key, n, t, strings.ToLower, func(k, val *yaml.Node) { // keys are case-insensitive
+			name := strings.ToLower(k.Value)
+			if nodes[name] = val; !slices.ContainsFunc(fs, func(f field) bool { return f.name == name }) {
+				d.add(join(key, name), "unknown key; known keys here are %s", names(fs))
+			}
+		})
+		for _, f := range fs {
+			d.decode(join(key, f.name), nodes[f.name], v.FieldByIndex(f.index))
+		}
+	case t.Kind() == reflect.Map: // of names, kept as written
+		d.pairs(key, n, t, func(s string) string { return s }, func(k, val *yaml.Node) {
+			if v.IsNil() {
+				v.Set(reflect.MakeMap(t))
+			}
+			entry := reflect.New(t.Elem()).Elem()
+			d.decode(join(key, k.Value), val, entry)
+			v.SetMapIndex(reflect.ValueOf(k.Value), entry)
+		})
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct: // gateway.limits
+		if n != nil && d.shape(key, n, yaml.SequenceNode, t) {
+			v.Set(reflect.MakeSlice(t, len(n.Content), len(n.Content)))
+			for i, item := range n.Content {
+				d.lines[fmt.Sprintf("%s[%d]", key, i)] = item.Line
+				d.decode(fmt.Sprintf("%s[%d]", key, i), deref(item), v.Index(i))
+			}
+		}
+	default:
+		name := envReplacer{}.Replace(strings.ToUpper("SLUICE_" + key))
+		if !strings.Contains(key, "[") { // an item of a list has no name to spell a variable with
+			d.vars[name] = append(d.vars[name], key)
+			if s, ok := d.env.Get(key).(string); ok {
+				d.from[key], n = name, &yaml.Node{Kind: yaml.ScalarNode, Style: yaml.DoubleQuotedStyle, Value: s}
+			}
+		}
+		if n != nil && !set(v, n) {
+			d.wrong(key, t, describe(n))
+		}
 	}
 }
 
-// reader collects the problems of one load. Keys are spelled as in
-// config.yaml: queues.emails.drain.limit, redis.cluster[1].
-type reader struct {
-	errs []error
-	env  map[string][]string // variable -> the keys bound to it
-	from map[string]string   // key -> the non-empty variable that sets it
-	bad  map[string]bool     // keys that could not be decoded
-}
-
-// bind binds every key below key (a viper key) of val's type to its
-// environment variable, so that AutomaticEnv's variables reach keys the file
-// leaves out, and gives val's maps an entry for every name the file gives:
-// viper drops a name with no keys (bulk: {}), and mapstructure drops an entry
-// it cannot decode, which would make a task's quota look undeclared.
-func (r *reader) bind(v *viper.Viper, key string, val reflect.Value) {
-	switch val.Kind() {
-	case reflect.Struct:
-		for _, f := range fieldsOf(val.Type()) {
-			r.bind(v, join(key, f.name, delim), val.FieldByIndex(f.index))
-		}
+// pairs calls each with the keys and values of n, a mapping for t, those
+// merged into it (<<: *anchor) included unless n sets them itself, and
+// notes each key's line. A key set twice, as fold spells it, is a problem.
+func (d *decoder) pairs(key string, n *yaml.Node, t reflect.Type, fold func(string) string, each func(k, val *yaml.Node)) {
+	if n == nil || !d.shape(key, n, yaml.MappingNode, t) {
 		return
-	case reflect.Pointer:
-		r.bind(v, key, reflect.New(val.Type().Elem()).Elem())
-		return
-	case reflect.Map:
-		val.Set(reflect.MakeMap(val.Type()))
-		for name := range v.GetStringMap(key) {
-			entry := reflect.New(val.Type().Elem()).Elem()
-			r.bind(v, join(key, name, delim), entry)
-			val.SetMapIndex(reflect.ValueOf(name), entry)
-		}
-		return
-	case reflect.Slice:
-		if val.Type().Elem().Kind() != reflect.String {
-			return // the items of gateway.limits have no names to spell a variable with
-		}
 	}
-	_ = v.BindEnv(key) // fails only when given no key
-	// The variable, spelled as viper spells it.
-	name := envReplacer{}.Replace(strings.ToUpper("SLUICE_" + key))
-	r.env[name] = append(r.env[name], strings.ReplaceAll(key, delim, "."))
-}
-
-// checkEnv notes which keys the environment sets, and reports variables
-// that set more than one.
-func (r *reader) checkEnv() {
-	for _, name := range slices.Sorted(maps.Keys(r.env)) {
-		keys := r.env[name]
-		switch {
-		case os.Getenv(name) == "":
-		case len(keys) > 1:
-			slices.Sort(keys)
-			r.errs = append(r.errs, fmt.Errorf("%s: would set each of %s; rename one of them or set the key in the file", name, strings.Join(keys, ", ")))
+	own, merged := map[string]int{}, []*yaml.Node{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val, name := n.Content[i], deref(n.Content[i+1]), fold(n.Content[i].Value)
+		d.lines[join(key, name)] = k.Line
+		switch first, twice := own[name]; {
+		case k.ShortTag() == "!!merge" && val != nil && val.Kind == yaml.SequenceNode:
+			merged = append(merged, val.Content...)
+		case k.ShortTag() == "!!merge":
+			merged = append(merged, val)
+		case twice:
+			d.add(join(key, name), "set twice; first at line %d", first)
 		default:
-			r.from[keys[0]] = name
+			own[name] = k.Line
+			each(k, val)
 		}
+	}
+	for _, m := range merged {
+		d.pairs(key, deref(m), t, fold, func(k, val *yaml.Node) {
+			if _, set := own[fold(k.Value)]; !set {
+				each(k, val)
+			}
+		})
 	}
 }
 
-// addDecodeErrors adds a problem for each of mapstructure's errors, sorted by
-// key. A decoding error in a queue, quota or task type leaves that whole
-// entry zero, so it is not validated either.
-func (r *reader) addDecodeErrors(err error) {
-	var errs []error
-	for err := range decodeErrors(err) {
-		de, ok := err.(*mapstructure.DecodeError)
-		if !ok {
-			errs = append(errs, err)
-			continue
-		}
-		key, entry, t := keyPath(de.Name())
-		msg := de.Unwrap().Error()
-		// mapstructure's ErrorUnused names all unknown keys of a mapping at once.
-		if unknown, ok := strings.CutPrefix(msg, "has invalid keys: "); ok {
-			for _, k := range strings.Split(unknown, ", ") {
-				errs = append(errs, fmt.Errorf("%s: unknown key; known keys here are %s", join(key, k, "."), names(fieldsOf(t))))
-			}
-			continue
-		}
-		r.bad[key] = true
-		if entry != "" {
-			r.bad[entry] = true
-		}
-		errs = append(errs, fmt.Errorf("%s: %s%s", key, msg, r.source(key)))
+// shape reports whether n is of kind, and if not, adds the problem.
+func (d *decoder) shape(key string, n *yaml.Node, kind yaml.Kind, t reflect.Type) bool {
+	if n.Kind != kind {
+		d.wrong(key, t, describe(n))
 	}
-	slices.SortStableFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
-	r.errs = append(r.errs, errs...)
+	return n.Kind == kind
 }
 
-// decodeErrors yields mapstructure's errors one by one: it returns them
-// wrapped, in a tree of errors.Join.
-func decodeErrors(err error) iter.Seq[error] {
-	return func(yield func(error) bool) {
-		var walk func(error) bool
-		walk = func(err error) bool {
-			if _, ok := err.(*mapstructure.DecodeError); ok {
-				return yield(err)
-			}
-			switch e := err.(type) {
-			case interface{ Unwrap() []error }:
-				for _, err := range e.Unwrap() {
-					if !walk(err) {
-						return false
-					}
-				}
-				return true
-			case interface{ Unwrap() error }:
-				return walk(e.Unwrap())
-			}
-			return err == nil || yield(err)
-		}
-		walk(err)
-	}
+// wrong adds the problem of key, whose value (got) is not of type t.
+func (d *decoder) wrong(key string, t reflect.Type, got string) {
+	d.bad[key] = true
+	d.add(key, "must be %s, got %s", want(t), got)
 }
 
-// keyPath turns a field name as mapstructure reports it
-// (Queues[emails].Drain.Period) into the key as config.yaml spells it
-// (queues.emails.drain.period), and returns the type at that key and the key
-// of the map entry that holds it, if any (queues.emails).
-func keyPath(name string) (key, entry string, t reflect.Type) {
-	t = reflect.TypeFor[File]()
-	for name = strings.TrimPrefix(name, "."); name != ""; name = strings.TrimPrefix(name, ".") {
-		switch t.Kind() {
-		case reflect.Struct:
-			end := strings.IndexAny(name, ".[")
-			if end < 0 {
-				end = len(name)
-			}
-			fs := fieldsOf(t)
-			i := slices.IndexFunc(fs, func(f field) bool { return f.goName == name[:end] })
-			if i < 0 {
-				return join(key, name, "."), entry, t
-			}
-			key, t, name = join(key, fs[i].name, "."), fs[i].typ, name[end:]
-		case reflect.Map, reflect.Slice:
-			end := strings.Index(name, "]")
-			if !strings.HasPrefix(name, "[") || end < 0 {
-				return join(key, name, "."), entry, t
-			}
-			if t.Kind() == reflect.Map {
-				key = join(key, name[1:end], ".")
-				entry = key
-			} else {
-				key += name[:end+1]
-			}
-			t, name = t.Elem(), name[end+1:]
-		default:
-			return join(key, name, "."), entry, t
+// add adds a problem of key, at the variable that set it or a key above it,
+// else at the line of the nearest of them in the file.
+func (d *decoder) add(key, format string, args ...any) {
+	p := &Problem{File: d.file, Path: key, Msg: fmt.Sprintf(format, args...)}
+	for _, k := range parents(key) {
+		if p.Env = d.from[k]; p.Env != "" {
+			break
 		}
-		if t.Kind() == reflect.Pointer {
-			t = t.Elem()
+		if p.Line = d.lines[k]; p.Line != 0 {
+			break
 		}
 	}
-	return key, entry, t
+	d.errs = append(d.errs, p)
 }
 
-var durationType = reflect.TypeFor[time.Duration]()
-
-// convert is the decode hook: it turns data, a value from the file or the
-// environment (where every value is a string: "42", "true", "1s",
-// "h1:6379,h2:6379"), into the type of its key, or says what the key must be.
-func convert(from, to reflect.Type, data any) (any, error) {
-	s, isString := data.(string)
-	switch k := from.Kind(); {
-	case to == durationType:
-		if d, err := time.ParseDuration(s); isString && err == nil {
-			return d, nil
-		}
-		return nil, fmt.Errorf("must be a duration with a unit, like 1s, 500ms or 5m, got %s", describe(data))
-	case to.Kind() == reflect.Int:
-		if i, err := strconv.Atoi(s); isString && err == nil {
-			return i, nil
-		}
-		if k < reflect.Int || k > reflect.Uint64 {
-			return nil, fmt.Errorf("must be a whole number, got %s", describe(data))
-		}
-	case to.Kind() == reflect.Bool:
-		if b, err := strconv.ParseBool(s); isString && err == nil {
-			return b, nil
-		}
-		if k != reflect.Bool {
-			return nil, fmt.Errorf("must be true or false, got %s", describe(data))
-		}
-	case to.Kind() == reflect.String:
-		if k == reflect.Map || k == reflect.Slice {
-			return nil, fmt.Errorf("must be a string, got %s", describe(data))
-		}
-		return fmt.Sprint(data), nil
-	case to.Kind() == reflect.Slice:
-		if isString && to.Elem().Kind() == reflect.String {
-			var items []string
-			for item := range strings.SplitSeq(s, ",") {
-				if item = strings.TrimSpace(item); item != "" {
-					items = append(items, item)
-				}
-			}
-			return items, nil
-		}
-		if k != reflect.Slice {
-			return nil, fmt.Errorf("must be a list, like [a, b], got %s", describe(data))
-		}
-	case to.Kind() == reflect.Map && k != reflect.Map:
-		return nil, fmt.Errorf("must be a mapping of names, got %s", describe(data))
-	case to.Kind() == reflect.Struct && k != reflect.Map:
-		return nil, fmt.Errorf("must be a mapping with keys %s, got %s", names(fieldsOf(to)), describe(data))
-	}
-	return data, nil
-}
-
-// describe shows a value in a problem message.
-func describe(data any) string {
-	switch reflect.ValueOf(data).Kind() {
-	case reflect.Map:
-		return "a mapping"
-	case reflect.Slice:
-		return "a list"
-	}
-	return strconv.Quote(fmt.Sprint(data))
-}
-
-// checkNames reports the names of queues, quotas and task types that viper
-// would change: it folds keys to lower case (asynq would then serve another
-// queue than the one producers enqueue to), and splits them at delim.
-func checkNames(data []byte) []error {
-	var doc map[string]any
-	if yaml.Unmarshal(data, &doc) != nil {
-		return nil // viper has read it, so this does not happen
-	}
-	var errs []error
-	check := func(key, name string, hint string) {
-		switch {
-		case name != strings.ToLower(name):
-			errs = append(errs, fmt.Errorf("%s.%s: names must be lower case (config keys are case-insensitive)%s", key, name, hint))
-		case strings.Contains(name, delim) || strings.HasSuffix(name, ":"):
-			errs = append(errs, fmt.Errorf("%s.%s: names must not contain %q or end in \":\"", key, name, delim))
-		}
-	}
-	// Key values named under overrides and fairness weights are names too.
-	nested := func(key string, m map[string]any, path ...string) {
-		for _, p := range path {
-			m, _ = m[p].(map[string]any)
-		}
-		for _, name := range slices.Sorted(maps.Keys(m)) {
-			check(key+"."+strings.Join(path, "."), name, "; a key expression can give lower case with lowerAscii()")
-		}
-	}
-	for _, section := range []string{"queues", "quotas", "tasks"} {
-		entries, _ := doc[section].(map[string]any)
-		for _, name := range slices.Sorted(maps.Keys(entries)) {
-			check(section, name, "")
-			entry, _ := entries[name].(map[string]any)
-			key := section + "." + name
-			switch section {
-			case "queues":
-				nested(key, entry, "drain", "overrides")
-				nested(key, entry, "fairness", "weights")
-			case "quotas":
-				nested(key, entry, "overrides")
+// set sets v from n, a value of the file or a variable's (a quoted string):
+// YAML decodes it, a string as if unquoted ("42", "true", "1s"), but a whole
+// number must be one; a list may be one comma-separated string.
+func set(v reflect.Value, n *yaml.Node) bool {
+	var items []string
+	switch {
+	case v.Kind() == reflect.Slice && n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str":
+		for item := range strings.SplitSeq(n.Value, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				items = append(items, item)
 			}
 		}
+	case v.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
+		return n.Decode(v.Addr().Interface()) == nil
+	case n.Kind != yaml.ScalarNode || v.Kind() == reflect.Slice:
+		return false
+	case v.Kind() == reflect.String:
+		v.SetString(n.Value)
+		return true
+	default:
+		n = &yaml.Node{Kind: yaml.ScalarNode, Value: n.Value}
+		return n.ShortTag() != "!!float" && n.Decode(v.Addr().Interface()) == nil // yaml would truncate 1.5
 	}
-	return errs
+	v.Set(reflect.ValueOf(items))
+	return true
 }
 
-// notYAML is the problems of a file that is not valid YAML.
-func notYAML(err error) []error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return []error{fmt.Errorf("not valid YAML: %w", errors.Unwrap(err))}
+// describe shows a value of the file in a problem.
+func describe(n *yaml.Node) string {
+	if shape, ok := map[yaml.Kind]string{yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}[n.Kind]; ok {
+		return shape
 	}
-	errs := make([]error, len(te.Errors))
-	for i, e := range te.Errors {
-		errs[i] = fmt.Errorf("not valid YAML: %s", e) // "line 4: mapping key "redis" already defined at line 1"
-	}
-	return errs
+	return strconv.Quote(n.Value)
 }
 
-// envReplacer spells a key, as viper passes it (SLUICE_QUEUES::EMAILS::PRIORITY),
-// as its variable: the delimiter and every character other than an ASCII
-// letter or digit become "_".
-type envReplacer struct{}
-
-func (envReplacer) Replace(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r < unicode.MaxASCII && (unicode.IsLetter(r) || unicode.IsDigit(r)) {
-			return r
-		}
-		return '_'
-	}, strings.ReplaceAll(s, delim, "_"))
-}
-
-// source says which variable set key, or the nearest key above it.
-func (r *reader) source(key string) string {
-	for k := range keyAndParents(key) {
-		if name, ok := r.from[k]; ok {
-			return " (from " + name + ")"
-		}
+// deref is the value n stands for: nil for none (an empty file, "idle:"
+// with no value), the anchored node for an alias (*anchor).
+func deref(n *yaml.Node) *yaml.Node {
+	switch {
+	case n == nil || n.Kind == 0 || n.ShortTag() == "!!null":
+		return nil
+	case n.Kind == yaml.AliasNode:
+		return deref(n.Alias)
+	case n.Kind == yaml.DocumentNode:
+		return deref(n.Content[0])
 	}
-	return ""
-}
-
-// unread reports whether key, or a key above it, could not be decoded: its
-// problem is reported already and would only be repeated by validation.
-func (r *reader) unread(key string) bool {
-	for k := range keyAndParents(key) {
-		if r.bad[k] {
-			return true
-		}
-	}
-	return false
-}
-
-// keyAndParents yields queues.emails.drain, queues.emails, queues.
-func keyAndParents(key string) iter.Seq[string] {
-	return func(yield func(string) bool) {
-		for k := key; k != ""; k = k[:max(strings.LastIndexAny(k, ".["), 0)] {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-func join(key, name, sep string) string {
-	if key == "" {
-		return name
-	}
-	return key + sep + name
-}
-
-type field struct {
-	name, goName string
-	index        []int
-	typ          reflect.Type
-}
-
-// fieldsOf lists the keys of struct type t in declaration order; a field
-// tagged `config:",squash"` contributes its fields instead of itself.
-func fieldsOf(t reflect.Type) []field {
-	var fs []field
-	for f := range t.Fields() {
-		if !f.IsExported() {
-			continue // not a key: state of the package's own
-		}
-		if f.Tag.Get("config") == ",squash" {
-			for _, sub := range fieldsOf(f.Type) {
-				fs = append(fs, field{sub.name, sub.goName, append(slices.Clone(f.Index), sub.index...), sub.typ})
-			}
-			continue
-		}
-		fs = append(fs, field{snakeCase(f.Name), f.Name, f.Index, f.Type})
-	}
-	return fs
-}
-
-func names(fs []field) string {
-	s := make([]string, len(fs))
-	for i, f := range fs {
-		s[i] = f.name
-	}
-	return strings.Join(s, ", ")
-}
-
-// snakeCase spells a Go field name as a config key: MetricsAddr is
-// metrics_addr, HTTP is http, OnRedisError is on_redis_error.
-func snakeCase(s string) string {
-	var b strings.Builder
-	r := []rune(s)
-	for i, c := range r {
-		if i > 0 && unicode.IsUpper(c) && (unicode.IsLower(r[i-1]) || i+1 < len(r) && unicode.IsLower(r[i+1])) {
-			b.WriteByte('_')
-		}
-		b.WriteRune(unicode.ToLower(c))
-	}
-	return b.String()
+	return n
 }

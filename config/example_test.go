@@ -31,16 +31,18 @@ queues:
 	_, err := config.Load(path)
 	var problems *config.Problems
 	if errors.As(err, &problems) {
-		for _, p := range problems.Errs {
-			fmt.Println(p)
+		for _, err := range problems.Errs {
+			var p *config.Problem
+			if errors.As(err, &p) { // p.Error() would start with the file's path
+				fmt.Printf("line %d: %s: %s\n", p.Line, p.Path, p.Msg)
+			}
 		}
 	}
 	// Output:
-	// queues.Emails: names must be lower case (config keys are case-insensitive)
-	// worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, waiting, ui
-	// worker.hold_max: must be a duration with a unit, like 1s, 500ms or 5m, got "5"
-	// redis.addr: must be set to host:port, like 127.0.0.1:6379 (or set redis.cluster)
-	// queues.reports.drain.limit: must be > 0, got 0
+	// line 2: worker.concurency: unknown key; known keys here are concurrency, metrics_addr, hold_max, reserve_max, waiting, ui
+	// line 2: worker.hold_max: must be a duration with a unit, like 1s, 500ms or 5m, got "5"
+	// line 0: redis.addr: must be set to host:port, like 127.0.0.1:6379 (or set redis.cluster)
+	// line 5: queues.reports.drain.limit: must be > 0, got 0
 }
 
 // Sluice's gates added to a program that already runs its own asynq.Server

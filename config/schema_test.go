@@ -139,7 +139,7 @@ tasks:
 			t.Errorf("%s: Load = %v, want 2 problems", tt.desc, err)
 			continue
 		}
-		if got := p.Errs[1].Error(); !strings.HasPrefix(got, "tasks.email:send.schema: ") || !strings.Contains(got, tt.want) || strings.Contains(got, "\n") {
+		if got := p.Errs[1].Error(); !strings.Contains(got, "config.yaml:5: tasks.email:send.schema: ") || !strings.Contains(got, tt.want) || strings.Contains(got, "\n") {
 			t.Errorf("%s: problem %q, want one line naming tasks.email:send.schema and %q", tt.desc, got, tt.want)
 		}
 	}

@@ -33,12 +33,12 @@ func TestWatch(t *testing.T) {
 		write           func(string) error
 		content         string
 		wantConcurrency int    // 0: no change expected
-		wantErr         string // the refusal names this key
+		wantErr         string // the refusal names this line, key and problem
 	}{
 		{desc: "good change in place", write: inPlace, content: config("2"), wantConcurrency: 2},
-		{desc: "bad change in place", write: inPlace, content: config("two"), wantErr: "worker.concurrency"},
+		{desc: "bad change in place", write: inPlace, content: config("two"), wantErr: `config.yaml:2: worker.concurrency: must be a whole number, got "two"`},
 		{desc: "good change by rename", write: replace, content: config("3"), wantConcurrency: 3},
-		{desc: "bad change by rename", write: replace, content: config("-1"), wantErr: "worker.concurrency: must be >= 1"},
+		{desc: "bad change by rename", write: replace, content: config("-1"), wantErr: "config.yaml:2: worker.concurrency: must be >= 1"},
 		{desc: "good change after a bad one", write: replace, content: config("4"), wantConcurrency: 4},
 	} {
 		if err := tt.write(tt.content); err != nil {

@@ -51,7 +51,7 @@ func ParseAllowList(entries []string) (AllowList, error) {
 	var a AllowList
 	for i, entry := range entries {
 		if err := a.add(entry); err != nil {
-			return AllowList{}, fmt.Errorf("http.allow[%d]: %w", i, err)
+			return AllowList{}, configProblem(fmt.Sprintf("http.allow[%d]", i), "%v", err)
 		}
 	}
 	return a, nil

@@ -306,12 +306,25 @@ func (l LimitConfig) Spec() throttle.Spec {
 	return spec
 }
 
-// Validate returns one error per problem in c (after Defaults), each naming
-// its key as config.yaml spells it, in a stable order.
+// ConfigProblem is one problem Config.Validate finds, at a key.
+type ConfigProblem struct {
+	Key     string // as config.yaml spells it: queues.emails.drain.limit
+	Problem string // what is wrong: "must be > 0, got 0"
+}
+
+func (p *ConfigProblem) Error() string { return p.Key + ": " + p.Problem }
+
+// configProblem is shorthand for a *ConfigProblem with a formatted Problem.
+func configProblem(key, format string, args ...any) error {
+	return &ConfigProblem{Key: key, Problem: fmt.Sprintf(format, args...)}
+}
+
+// Validate returns one error per problem in c (after Defaults), each a
+// *ConfigProblem naming its key as config.yaml spells it, in a stable order.
 func (c Config) Validate() []error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+		errs = append(errs, configProblem(key, format, args...))
 	}
 	if c.Worker.Concurrency < 1 {
 		bad("worker.concurrency", "must be >= 1, got %d", c.Worker.Concurrency)
@@ -447,7 +460,7 @@ func validateSlotPolicy(key, policy string) []error {
 	case "", OnRedisErrorWait, OnRedisErrorAllow:
 		return nil
 	}
-	return []error{fmt.Errorf("%s.concurrency_on_redis_error: must be wait (the default) or allow, got %q", key, policy)}
+	return []error{configProblem(key+".concurrency_on_redis_error", "must be wait (the default) or allow, got %q", policy)}
 }
 
 // slotPolicy is a concurrency_on_redis_error with its default applied.
@@ -463,35 +476,35 @@ func (l LimitConfig) validate(key string) []error {
 	switch l.OnRedisError {
 	case OnRedisErrorDeny, OnRedisErrorAllow, OnRedisErrorLocal:
 	default:
-		errs = append(errs, fmt.Errorf("%s.on_redis_error: must be deny, allow or local, got %q", key, l.OnRedisError))
+		errs = append(errs, configProblem(key+".on_redis_error", "must be deny, allow or local, got %q", l.OnRedisError))
 	}
 	if err := l.Spec().Validate(); err != nil {
 		var bad *throttle.SpecError
 		if errors.As(err, &bad) {
 			// Name the key as config.yaml spells it.
-			return append(errs, fmt.Errorf("%s.%s: %s", key, strings.ToLower(bad.Field), bad.Problem))
+			return append(errs, configProblem(key+"."+strings.ToLower(bad.Field), "%s", bad.Problem))
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", key, err))
+		errs = append(errs, configProblem(key, "%v", err))
 	}
 	errs = append(errs, validateKeyExpr(key+".key", l.Key, false)...)
 	switch {
 	case l.OnKeyError != "" && l.OnKeyError != OnKeyErrorDefault && l.OnKeyError != OnKeyErrorWait:
-		errs = append(errs, fmt.Errorf("%s.on_key_error: must be default or wait, got %q", key, l.OnKeyError))
+		errs = append(errs, configProblem(key+".on_key_error", "must be default or wait, got %q", l.OnKeyError))
 	case l.OnKeyError != "" && l.Key == "":
-		errs = append(errs, fmt.Errorf("%s.on_key_error: applies to a keyed limit, but the limit has no key; give it one (%s.key)", key, key))
+		errs = append(errs, configProblem(key+".on_key_error", "applies to a keyed limit, but the limit has no key; give it one (%s.key)", key))
 	}
 	if l.HashKeys && l.Key == "" {
-		errs = append(errs, fmt.Errorf("%s.hash_keys: applies to a keyed limit, but the limit has no key; give it one (%s.key)", key, key))
+		errs = append(errs, configProblem(key+".hash_keys", "applies to a keyed limit, but the limit has no key; give it one (%s.key)", key))
 	}
 	if len(l.Overrides) > 0 && l.Key == "" {
-		errs = append(errs, fmt.Errorf("%s.overrides: apply to key values, but the limit has no key; give it one (%s.key)", key, key))
+		errs = append(errs, configProblem(key+".overrides", "apply to key values, but the limit has no key; give it one (%s.key)", key))
 	}
 	if len(l.Overrides) > maxOverrides {
-		errs = append(errs, fmt.Errorf("%s.overrides: at most %d are allowed, got %d", key, maxOverrides, len(l.Overrides)))
+		errs = append(errs, configProblem(key+".overrides", "at most %d are allowed, got %d", maxOverrides, len(l.Overrides)))
 	}
 	for _, v := range sortedKeys(l.Overrides) {
 		if len(v) > maxKeyName {
-			errs = append(errs, fmt.Errorf("%s.overrides: a key value is at most %d bytes, got %d (%.20q...)", key, maxKeyName, len(v), v))
+			errs = append(errs, configProblem(key+".overrides", "a key value is at most %d bytes, got %d (%.20q...)", maxKeyName, len(v), v))
 			continue
 		}
 		errs = append(errs, l.override(l.Overrides[v]).validate(key+".overrides."+v)...)
@@ -521,7 +534,7 @@ func validateKeyExpr(key, source string, required bool) []error {
 		return nil
 	}
 	if _, err := compileKey(source); err != nil {
-		return []error{fmt.Errorf("%s: %w", key, err)}
+		return []error{configProblem(key, "%v", err)}
 	}
 	return nil
 }

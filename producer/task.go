@@ -331,23 +331,19 @@ func jsonKeys[T any]() []string {
 }
 
 // CheckQueue says what is wrong with a queue name, if anything. asynq
-// takes any name, but config.yaml can only name queues whose names are
-// lower case, and a brace would move the queue's keys to another Redis
-// Cluster slot than its hash tag says.
+// takes any name (case counts: Emails is not emails), but a brace would
+// move the queue's keys to another Redis Cluster slot than its hash tag
+// says.
 func CheckQueue(name string) error {
 	switch {
 	case name == "":
 		return errors.New("must not be empty")
 	case len(name) > 100:
 		return fmt.Errorf("%q is %d bytes long; queue names are at most 100", name, len(name))
-	case name != strings.ToLower(name):
-		return fmt.Errorf("%q: queue names must be lower case (config.yaml cannot name it, so no worker would serve it); did you mean %q?", name, strings.ToLower(name))
-	case strings.Contains(name, "::") || strings.HasSuffix(name, ":"):
-		return fmt.Errorf("%q: queue names must not contain \"::\" or end in \":\" (config.yaml cannot name it)", name)
 	}
 	for _, r := range name {
-		if !('a' <= r && r <= 'z' || '0' <= r && r <= '9' || strings.ContainsRune(".-_:", r)) {
-			return fmt.Errorf("%q: queue names are lower-case letters, digits, '.', '-', '_' and ':'; %q is not allowed", name, r)
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune(".-_:", r)) {
+			return fmt.Errorf("%q: queue names are letters, digits, '.', '-', '_' and ':'; %q is not allowed", name, r)
 		}
 	}
 	return nil

@@ -173,8 +173,8 @@ func TestEnqueueBadInput(t *testing.T) {
 			want: []string{"--process-in: must not be negative"}},
 		{desc: "negative max-retry", args: []string{"demo:noop", "--max-retry", "-1"},
 			want: []string{"--max-retry: must be >= 0"}},
-		{desc: "upper-case queue", args: []string{"demo:noop", "--queue", "Emails"},
-			want: []string{"--queue", "lower case"}},
+		{desc: "queue with a brace", args: []string{"demo:noop", "--queue", "Emails{1}"},
+			want: []string{"--queue", `"Emails{1}": queue names are letters, digits`, "'{' is not allowed"}},
 		{desc: "unknown queue option in a line", file: `{"type": "demo:noop", "options": {"retries": 3}}`,
 			want: []string{`line 1: options: unknown option "retries"`, "max_retry"}},
 		{desc: "task id twice in a queue", file: `{"type": "demo:noop", "options": {"task_id": "a"}}` + "\n" + `{"type": "demo:noop", "options": {"task_id": "b"}}` + "\n" +

@@ -123,7 +123,7 @@ http: {allow: ['%s']}
 
 // TestLiveReload: a change to the drain rate in the config file takes
 // effect within 2 s without a restart or a lost task; a bad change is
-// refused, logged, and the last good config stays.
+// refused, logged with its line, and the last good config stays.
 func TestLiveReload(t *testing.T) {
 	t.Parallel()
 	const tasks = 100
@@ -170,8 +170,9 @@ http: {allow: ['%s']}
 		t.Errorf("rate from 2 s after the change %.2f/s, want 25/s", r)
 	}
 	log, _ := os.ReadFile(w.log)
-	if !strings.Contains(string(log), "limit") || !strings.Contains(string(log), "refused") {
-		t.Errorf("the worker did not log the refused change:\n%s", tail(string(log), 20))
+	problem := fmt.Sprintf("config.yaml:4: queues.%s.drain.limit: must be > 0, got -3", queue) // its line in the file
+	if !strings.Contains(string(log), problem) || !strings.Contains(string(log), "refused") {
+		t.Errorf("the worker did not log the refused change with %q:\n%s", problem, tail(string(log), 20))
 	}
 }
 

@@ -97,8 +97,9 @@ func WithShutdownTimeout(d time.Duration) Option {
 
 // New reads the config file at configPath with its SLUICE_* environment
 // overrides (see package config) and returns a Worker for it. A config with
-// problems returns a *config.Problems that lists every problem by key, as
-// "queues.emails.drain.limit: must be > 0, got 0"; a missing or unreadable
+// problems returns a *config.Problems that lists every problem by key and
+// line, as "config.yaml:14: queues.emails.drain.limit: must be > 0, got 0"
+// (or by variable: "SLUICE_QUEUES_EMAILS_DRAIN_LIMIT: queues..."); a missing or unreadable
 // file returns an error naming it. New connects to nothing: Run does.
 func New(configPath string, opts ...Option) (*Worker, error) {
 	o := options{log: slog.Default(), shutdownTimeout: 10 * time.Second}
@@ -239,7 +240,7 @@ func (w *Worker) checkHandled(cfg jobs.Config) error {
 	var typos []error
 	for _, p := range jobs.CheckHandled(cfg, w.patterns) {
 		if p.Typo {
-			typos = append(typos, p)
+			typos = append(typos, &config.Problem{File: w.path, Path: p.Key, Msg: p.Problem})
 			continue
 		}
 		w.opts.log.Warn("a task type of the config is not handled here", "key", p.Key, "problem", p.Problem)

@@ -85,7 +85,7 @@ config (nothing enqueued).`,
 	}
 	fl := cmd.Flags()
 	fl.SortFlags = false
-	fl.StringVar(&f.queue, "queue", "default", "the `queue`: lower case; a queue config.yaml does not name gets a warning")
+	fl.StringVar(&f.queue, "queue", "default", "the `queue` (case counts); a queue config.yaml does not name gets a warning")
 	fl.IntVar(&f.count, "count", 1, "enqueue `N` copies of the task (at most 1,000,000)")
 	fl.StringVar(&f.file, "file", "", "enqueue the tasks of a JSON Lines `FILE` (\"-\": stdin)")
 	fl.IntVar(&f.skip, "skip", 0, "with --file: skip the first `N` lines (to resume a run Redis cut short)")

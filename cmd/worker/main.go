@@ -55,8 +55,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			fmt.Fprintf(stderr, "worker: %s\n", strings.TrimPrefix(err.Error(), "worker: "))
 			return
 		}
-		for _, p := range problems.Errs { // one line per problem, each naming its file and key
-			fmt.Fprintf(stderr, "worker: %s: %v\n", problems.Path, p)
+		for _, p := range problems.Errs { // one line per problem, each naming its file and line (or variable) and key
+			fmt.Fprintf(stderr, "worker: %v\n", p)
 		}
 	})
 }
