@@ -107,7 +107,7 @@ func runBriefly(t *testing.T, args ...string) (int, string) {
 // worker serves both, each task run from the queue it was enqueued to.
 func TestQueueNamesKeepTheirCase(t *testing.T) {
 	t.Parallel()
-	addr := redisAddr(t)
+	addr := redistest.Addr(t)
 	upper, lower := redistest.Queue(t, "Mail"), redistest.Queue(t, "mail")
 	path := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues:\n  %s: {priority: 2}\n  %s: {}\n", addr, upper, lower))
 	for _, q := range []string{upper, lower} {

@@ -30,7 +30,7 @@ worker: {concurrency: 10}
 queues:
   %s: {drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1}}
 http: {allow: ['%s']}
-`, redisAddr(t), queue, u.Listener.Addr().String()))
+`, redistest.Addr(t), queue, u.Listener.Addr().String()))
 			var fleet []*worker
 			for i := 0; i < workers; i++ {
 				fleet = append(fleet, startWorker(t, config))

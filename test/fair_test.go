@@ -164,11 +164,11 @@ queues:
 tasks:
   http:request: {concurrency: 2, concurrency_key: 'payload.headers["X-Tenant"]'}
 http: {allow: ['%s']}
-`, redisAddr(t), queue, srv.Listener.Addr()))
+`, redistest.Addr(t), queue, srv.Listener.Addr()))
 	for range 3 {
 		startWorker(t, path)
 	}
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redisAddr(t)})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer client.Close()
 	for i := range 24 {
 		tenant := []string{"a", "b"}[i%2]
@@ -184,7 +184,7 @@ http: {allow: ['%s']}
 			t.Fatal(err)
 		}
 	}
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redisAddr(t)})
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer inspector.Close()
 	testkit.WaitFor(t, 30*time.Second, "all 24 tasks done", func() bool {
 		info, err := inspector.GetQueueInfo(queue)

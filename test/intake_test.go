@@ -12,12 +12,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,108 +23,6 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
-
-// intakeServer is a running `enqueue serve`.
-type intakeServer struct {
-	url     string // the public listener
-	metrics string // the metrics listener
-	config  string // the path of its config file
-	log     string // the path of its log
-}
-
-// startIntake runs `enqueue serve` on a config whose gateway section is
-// gateway (indented by two spaces) and whose queues are queues, and waits
-// until it answers.
-func startIntake(t *testing.T, gateway string, queues ...string) *intakeServer {
-	t.Helper()
-	return startIntakeOn(t, freeAddr(t), gateway, queues...)
-}
-
-// startIntakeOn is startIntake serving on addr, an IPv4 host:port; its
-// requests go to addr's port on 127.0.0.1 (so an intake on 0.0.0.0 is
-// reached over loopback only).
-func startIntakeOn(t *testing.T, addr, gateway string, queues ...string) *intakeServer {
-	t.Helper()
-	metrics := freeAddr(t)
-	var b strings.Builder
-	fmt.Fprintf(&b, "redis: {addr: %s}\n", redisAddr(t))
-	if len(queues) > 0 {
-		b.WriteString("queues:\n")
-		for _, q := range queues {
-			fmt.Fprintf(&b, "  %s: {}\n", q)
-		}
-	}
-	fmt.Fprintf(&b, "gateway:\n  listen: %s\n  metrics_addr: %s\n%s", addr, metrics, gateway)
-	config := writeConfig(t, b.String())
-	logPath := filepath.Join(t.TempDir(), "serve.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(bin, "enqueue"), "serve", "--config", config)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-		logFile.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("enqueue serve log:\n%s", tail(string(b), 30))
-		}
-	})
-	_, port, _ := net.SplitHostPort(addr)
-	s := &intakeServer{url: "http://127.0.0.1:" + port, metrics: "http://" + metrics, config: config, log: logPath}
-	testkit.WaitFor(t, 15*time.Second, "enqueue serve to answer", func() bool {
-		resp, err := http.Get(s.url + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil
-	})
-	return s
-}
-
-// post sends one task request as client (X-API-Key, "" for none) with
-// headers, and returns the status, the Retry-After and the task id.
-func (s *intakeServer) post(t *testing.T, client, queue string, headers map[string]string) (status, retryAfter int, id string) {
-	t.Helper()
-	if client != "" {
-		headers = with(headers, "X-API-Key", client)
-	}
-	resp, body := s.do(t, fmt.Sprintf(`{"type": "demo:noop", "queue": %q}`, queue), headers)
-	var answer struct{ ID string }
-	json.Unmarshal(body, &answer)
-	retryAfter, _ = strconv.Atoi(resp.Header.Get("Retry-After"))
-	return resp.StatusCode, retryAfter, answer.ID
-}
-
-// send posts body as one task request with headers, and returns the
-// status and the answer's body.
-func (s *intakeServer) send(t *testing.T, body string, headers map[string]string) (int, string) {
-	t.Helper()
-	resp, answer := s.do(t, body, headers)
-	return resp.StatusCode, string(answer)
-}
-
-// do posts body to /v1/tasks with headers and returns the answer, its body
-// read.
-func (s *intakeServer) do(t *testing.T, body string, headers map[string]string) (*http.Response, []byte) {
-	t.Helper()
-	req, _ := http.NewRequest("POST", s.url+"/v1/tasks", strings.NewReader(body))
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	answer, _ := io.ReadAll(resp.Body)
-	return resp, answer
-}
 
 // limitName gives a test's limits names of their own: the limits' state in
 // Redis is keyed by name.
@@ -457,8 +351,8 @@ func TestIntakeNamesClient(t *testing.T) {
 func TestIntakePublicNeedsClients(t *testing.T) {
 	t.Parallel()
 	_, port, _ := strings.Cut(freeAddr(t), ":")
-	config := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\ngateway: {listen: '0.0.0.0:%s', metrics_addr: %s}\n", redisAddr(t), port, freeAddr(t)))
-	r := runEnqueue(t, redisAddr(t), nil, "--config", config, "serve")
+	config := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\ngateway: {listen: '0.0.0.0:%s', metrics_addr: %s}\n", redistest.Addr(t), port, freeAddr(t)))
+	r := runEnqueue(t, redistest.Addr(t), nil, "--config", config, "serve")
 	if r.code != 2 || !strings.Contains(r.stderr, "gateway.listen 0.0.0.0:"+port) || !strings.Contains(r.stderr, "gateway.clients") ||
 		!strings.Contains(r.stderr, "gateway.allow_anonymous") {
 		t.Errorf("want exit 2 naming gateway.listen, gateway.clients and gateway.allow_anonymous\n%v", r)
@@ -623,7 +517,7 @@ func TestIntakeRevokedKeys(t *testing.T) {
 	reload(client("carol"))
 	check("carol, configured after", "carol-secret", http.StatusAccepted, `"id"`)
 	check("no key, with carol configured", "", http.StatusUnauthorized, "an API key is required")
-	if n := queueSize(t, redisAddr(t), queue); n != 3 {
+	if n := queueSize(t, redistest.Addr(t), queue); n != 3 {
 		t.Errorf("%d tasks in the queue, want the 3 answered 202", n)
 	}
 }

@@ -29,13 +29,13 @@ quotas:
   %s: {algorithm: token_bucket, limit: 1000, period: 1s, burst: 50}
 tasks:
   forecast:fetch: {quotas: [%[4]s], schema: %s}
-`, redisAddr(t), queue, rate, redistest.Queue(t, "weather-api"), schema)
+`, redistest.Addr(t), queue, rate, redistest.Queue(t, "weather-api"), schema)
 }
 
 // runProducer runs the example producer (a plain asynq.Client).
 func runProducer(t *testing.T, args ...string) {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(bin, "examples", "producer"), append([]string{"--redis", redisAddr(t)}, args...)...).CombinedOutput()
+	out, err := exec.Command(filepath.Join(bin, "examples", "producer"), append([]string{"--redis", redistest.Addr(t)}, args...)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("producer %q: %v\n%s", args, err, out)
 	}

@@ -31,12 +31,12 @@ func TestHandlerPanics(t *testing.T) {
 redis: {addr: %s}
 queues:
   %s: {drain: {algorithm: leaky_bucket, limit: %d, period: 1s, burst: 1}, concurrency: 1}
-`, redisAddr(t), queue, perSecond))
+`, redistest.Addr(t), queue, perSecond))
 	for range 2 {
 		startWorkerBinary(t, "test/panicworker", []string{"--config", config, "--api", u.URL})
 	}
 	panics := map[int]int{5: 0, 20: 0, 35: 1} // task number -> MaxRetry
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redisAddr(t)})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer client.Close()
 	for i := range tasks {
 		city, maxRetry := fmt.Sprintf("city-%d", i), 25
@@ -70,7 +70,7 @@ queues:
 
 	// A task with no retry left that waits in Redis goes there as a copy
 	// under another ID: the panicking tasks are found by their city.
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redisAddr(t)})
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer inspector.Close()
 	failed := map[string]*asynq.TaskInfo{}
 	testkit.WaitFor(t, 10*time.Second, "the panicking tasks to fail", func() bool {

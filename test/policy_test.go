@@ -52,7 +52,7 @@ quotas:
 tasks:
   http:request: {quotas: [%s]}
 http: {allow: ['%s']}
-`, redisAddr(t), user, password, queue, quota, c.policy, quota, u.Listener.Addr().String()))
+`, redistest.Addr(t), user, password, queue, quota, c.policy, quota, u.Listener.Addr().String()))
 			w := startWorker(t, config)
 			enqueueRequests(t, u, queue, "r", 20)
 			time.Sleep(6 * time.Second)

@@ -41,7 +41,7 @@ quotas:
 tasks:
   http:request: {quotas: [%s]}
 http: {allow: ['%s']}
-`, redisAddr(t), queues[0], queues[1], queues[2], quota, quota, u.Listener.Addr().String()))
+`, redistest.Addr(t), queues[0], queues[1], queues[2], quota, quota, u.Listener.Addr().String()))
 	for range 3 {
 		startWorker(t, config)
 	}
@@ -98,7 +98,7 @@ quotas:
 tasks:
   http:request: {quotas: [%s]}
 http: {allow: ['%s']}
-`, redisAddr(t), queue, quota, quota, u.Listener.Addr().String()))
+`, redistest.Addr(t), queue, quota, quota, u.Listener.Addr().String()))
 	for range 2 {
 		startWorker(t, config)
 	}
@@ -135,7 +135,7 @@ redis: {addr: %s}
 queues:
   %s: {drain: {limit: %s, period: 1s, burst: 1}}
 http: {allow: ['%s']}
-`, redisAddr(t), queue, rate, u.Listener.Addr().String())
+`, redistest.Addr(t), queue, rate, u.Listener.Addr().String())
 	}
 	path := writeConfig(t, config("5"))
 	w := startWorker(t, path)
@@ -173,18 +173,6 @@ http: {allow: ['%s']}
 	problem := fmt.Sprintf("config.yaml:4: queues.%s.drain.limit: must be > 0, got -3", queue) // its line in the file
 	if !strings.Contains(string(log), problem) || !strings.Contains(string(log), "refused") {
 		t.Errorf("the worker did not log the refused change with %q:\n%s", problem, tail(string(log), 20))
-	}
-}
-
-// replace writes a file the way editors save: a new file renamed over it.
-func replace(t *testing.T, path, content string) {
-	t.Helper()
-	tmp := path + ".new"
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
 	}
 }
 

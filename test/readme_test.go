@@ -49,7 +49,7 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 	}
 
 	run := t.TempDir()
-	bad := "redis: {addr: " + redisAddr(t) + "}\nqueues:\n  emails: {drain: {limit: -5, period: 1s}}\n"
+	bad := "redis: {addr: " + redistest.Addr(t) + "}\nqueues:\n  emails: {drain: {limit: -5, period: 1s}}\n"
 	if err := os.WriteFile(filepath.Join(run, "config.yaml"), []byte(bad), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 
 	queue := redistest.Queue(t, "emails")
 	config := docSnippet(t, "README.md", "## Use sluice in your own worker", "yaml")
-	for from, to := range map[string]string{"redis: {addr: 127.0.0.1:6379}": "redis: {addr: " + redisAddr(t) + "}", "\n  emails:": "\n  " + queue + ":"} {
+	for from, to := range map[string]string{"redis: {addr: 127.0.0.1:6379}": "redis: {addr: " + redistest.Addr(t) + "}", "\n  emails:": "\n  " + queue + ":"} {
 		if !strings.Contains(config, from) {
 			t.Fatalf("the README's config has no %q:\n%s", from, config)
 		}
@@ -86,7 +86,7 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill() })
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redisAddr(t)})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer client.Close()
 	if _, err := client.Enqueue(asynq.NewTask("email:send", []byte(`{"to": "ann@example.com"}`)), asynq.Queue(queue)); err != nil {
 		t.Fatal(err)
@@ -119,7 +119,7 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 func TestDemoFirstLine(t *testing.T) {
 	t.Parallel()
 	queues := []string{redistest.Queue(t, "demo-a"), redistest.Queue(t, "demo-b"), redistest.Queue(t, "demo-c")}
-	config := "redis: {addr: " + redisAddr(t) + "}\nworker: {concurrency: 10}\nqueues:\n"
+	config := "redis: {addr: " + redistest.Addr(t) + "}\nworker: {concurrency: 10}\nqueues:\n"
 	for _, q := range queues {
 		config += "  " + q + ": {drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1}}\n"
 	}

@@ -61,7 +61,7 @@ func uiRequest(t *testing.T, w *worker, method, path, user, password string) int
 func TestWebUIReadOnly(t *testing.T) {
 	t.Parallel()
 	queue := redistest.Queue(t, "reports")
-	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\n", redisAddr(t), queue)))
+	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\n", redistest.Addr(t), queue)))
 	scheduleTasks(t, queue, 5)
 	for _, c := range []struct{ method, path string }{
 		{"DELETE", "/ui/api/queues/" + queue + "/scheduled_tasks:delete_all"},
@@ -92,7 +92,7 @@ func TestWebUIWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\nworker: {ui: {writes: true, user: admin}}\n", redisAddr(t), queue)),
+	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\nworker: {ui: {writes: true, user: admin}}\n", redistest.Addr(t), queue)),
 		"SLUICE_WORKER_UI_PASSWORD_HASH="+string(hash))
 	scheduleTasks(t, queue, 5)
 	deleteAll := "/ui/api/queues/" + queue + "/scheduled_tasks:delete_all"
@@ -136,7 +136,7 @@ func TestWebUIWrites(t *testing.T) {
 func TestIntakeCannotReachWorkerUI(t *testing.T) {
 	t.Parallel()
 	queue := redistest.Queue(t, "reports")
-	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\nhttp: {allow: [127.0.0.1, localhost]}\n", redisAddr(t), queue)))
+	w := startWorker(t, writeConfig(t, fmt.Sprintf("redis: {addr: %s}\nqueues: {%s: {}}\nhttp: {allow: [127.0.0.1, localhost]}\n", redistest.Addr(t), queue)))
 	scheduleTasks(t, queue, 5)
 	s := startIntake(t, "  types: [demo:noop, http:request]\n", queue)
 	body := fmt.Sprintf(`{"type": "http:request", "queue": %q, "options": {"max_retry": 3}, "payload": {"method": "DELETE", "url": "http://%s/ui/api/queues/%s/scheduled_tasks:delete_all"}}`,
