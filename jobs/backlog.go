@@ -174,7 +174,7 @@ func (s *Scheduler) readLines(ctx context.Context, keys []string, now time.Time)
 		scores[j] = pipe.ZScore(ctx, keys[i], lineTail)
 	}
 	var clock *redis.TimeCmd
-	if !s.injected {
+	if !s.clock.injected {
 		clock = pipe.Time(ctx)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {

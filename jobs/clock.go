@@ -1,6 +1,9 @@
 package jobs
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // Clock tells the Scheduler the time and wakes it after a wait. The
 // system clock by default; tests inject a manual one (WithClock), and then
@@ -13,6 +16,23 @@ type Clock interface {
 
 type systemClock struct{}
 
+// schedClock is the clock of the Scheduler and its services, and whether
+// it was injected: an injected clock is read by the scripts too
+// (scriptNow), instead of Redis's TIME.
+type schedClock struct {
+	Clock
+	injected bool
+}
+
+// scriptNow is the time a script reads in µs: "" for Redis's own, or the
+// injected clock's.
+func (c schedClock) scriptNow() string {
+	if c.injected {
+		return strconv.FormatInt(c.Now().UnixMicro(), 10)
+	}
+	return ""
+}
+
 func (systemClock) Now() time.Time                         { return time.Now() }
 func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
@@ -21,4 +41,6 @@ type Option func(*Scheduler)
 
 // WithClock makes the Scheduler and its gates run on c. For tests: a fleet
 // should share Redis's clock.
-func WithClock(c Clock) Option { return func(s *Scheduler) { s.clock, s.injected = c, true } }
+func WithClock(c Clock) Option {
+	return func(s *Scheduler) { s.clock = schedClock{Clock: c, injected: true} }
+}

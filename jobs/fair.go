@@ -149,7 +149,7 @@ func (s *Scheduler) runPark(ctx context.Context, queue, id string, spot *lineSpo
 	if dry {
 		estimate = "1"
 	}
-	us, err := wakeScript.Run(ctx, s.rdb, keys, s.scriptNow(), "park", id, spot.booking, throttle.FairMember(spot.key),
+	us, err := wakeScript.Run(ctx, s.rdb, keys, s.clock.scriptNow(), "park", id, spot.booking, throttle.FairMember(spot.key),
 		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen, estimate).Int64()
 	if err != nil {
 		return 0, err

@@ -64,7 +64,7 @@ func (f *fairFixture) offer(t *testing.T, id string, task *asynq.Task, letOut bo
 func (f *fairFixture) letOut(t *testing.T) []string {
 	t.Helper()
 	more, extra := f.gate().wakeArgs()
-	args := append([]any{f.s.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), f.s.worker, wakeLease.Microseconds()}, extra...)
+	args := append([]any{f.s.clock.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), f.s.worker, wakeLease.Microseconds()}, extra...)
 	reply, err := wakeScript.Run(context.Background(), f.s.rdb, append(wakeKeys(f.queue), more...), args...).Slice()
 	if err != nil {
 		t.Fatal(err)

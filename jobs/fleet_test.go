@@ -89,14 +89,14 @@ func TestWorkerDeathCounts(t *testing.T) {
 		return archived
 	}
 	ctx := context.Background()
-	if !s.rescue(ctx, queue, died()) {
+	if !s.rescuer.rescue(ctx, queue, died()) {
 		t.Fatal("a task archived after one worker death was not run again")
 	}
 	if st, err := s.inspector.GetTaskInfo(queue, info.ID); err != nil || st.State != asynq.TaskStatePending {
 		t.Fatalf("after a rescue the task is %v (%v), want pending", st.State, err)
 	}
 	again := died()
-	if s.rescue(ctx, queue, again) {
+	if s.rescuer.rescue(ctx, queue, again) {
 		t.Fatal("a task archived after a second worker death was run again")
 	}
 	if st, err := s.inspector.GetTaskInfo(queue, info.ID); err != nil || st.State != asynq.TaskStateArchived {
@@ -105,7 +105,7 @@ func TestWorkerDeathCounts(t *testing.T) {
 	withRetries := *again
 	withRetries.ID = "another"
 	withRetries.MaxRetry = 3
-	if s.rescue(ctx, queue, &withRetries) {
+	if s.rescuer.rescue(ctx, queue, &withRetries) {
 		t.Fatal("a task with retries, archived when they were spent on worker deaths, was run again")
 	}
 }
@@ -195,7 +195,7 @@ func listen(t *testing.T, s *Scheduler) {
 	})
 	subscribed := make(chan struct{})
 	var once sync.Once
-	wg.Go(func() { s.listenForBlocks(ctx, func() { once.Do(func() { close(subscribed) }) }) })
+	wg.Go(func() { s.board.listen(ctx, func() { once.Do(func() { close(subscribed) }) }) })
 	select {
 	case <-subscribed:
 	case <-time.After(10 * time.Second):
@@ -205,7 +205,7 @@ func listen(t *testing.T, s *Scheduler) {
 
 // blocked reports whether s knows that quota is blocked now.
 func blocked(s *Scheduler, quota string) bool {
-	v, ok := s.blocked.Load(quota)
+	v, ok := s.board.blocked.Load(quota)
 	return ok && v.(time.Time).After(time.Now())
 }
 

@@ -59,7 +59,7 @@ func parseKeyBlock(payload string) (digest [16]byte, rest string, ok bool) {
 const maxKeyBlocks = 10_000
 
 // keyBlocks is the board of a worker's blocks on keyed quotas' values: the
-// keyed twin of Scheduler.blocked, bounded (maxKeyBlocks).
+// keyed twin of blockBoard.blocked, bounded (maxKeyBlocks).
 type keyBlocks struct {
 	mu    sync.Mutex
 	until map[keyBlock]time.Time

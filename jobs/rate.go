@@ -24,6 +24,32 @@ func rateKey(queue string, bucket int64) string {
 	return throttle.Key(ratePrefix, queue) + ":" + strconv.FormatInt(bucket, 10)
 }
 
+// rateRecorder adds this worker's completions to the queues' rate
+// buckets every rateFlush, and once more when its run ends.
+type rateRecorder struct {
+	fleetDeps
+	rateCounter
+}
+
+// rateFlush is how often a worker adds its completions to the rates.
+const rateFlush = 5 * time.Second
+
+func (r *rateRecorder) run(ctx context.Context) {
+	tick := time.NewTicker(rateFlush)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.flush(context.WithoutCancel(ctx), r.rdb)
+			return
+		case <-tick.C:
+		}
+		if err := r.flush(ctx, r.rdb); err != nil && ctx.Err() == nil {
+			r.log.Warn("cannot record the queues' rates", "err", err)
+		}
+	}
+}
+
 // rateCounter counts completions per queue in this worker between flushes.
 type rateCounter struct {
 	mu     sync.Mutex

@@ -66,24 +66,24 @@ type Scheduler struct {
 	metrics   *Metrics
 	log       *slog.Logger
 	worker    string // this process, for concurrency leases
-	clock     Clock
-	injected  bool          // the clock was injected: the gates read it too
+	clock     schedClock
 	slotLease time.Duration // slotLease; shorter in tests
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
-	fleet   *fleetSize    // live workers in the fleet, for the local policy
 	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
-	blocked sync.Map      // quota -> time.Time (our clock): an upstream said not before then
-	done    rateCounter   // completions not yet added to the fleet's rate buckets
-	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
-	lookNow chan struct{} // a task was noted due before the next look
 	lines   lineViews     // the backlog lines' tails, as last read (backlog.go)
 	logGate throttle.Limiter
 	// keyLogGate: a failed key expression is logged once a minute per limit.
 	keyLogGate throttle.Limiter
-	// keyBlocks: blocked as in blocked, for values of keyed quotas.
-	keyBlocks *keyBlocks
+
+	// The fleet's housekeeping, one service each, run by Run.
+	fleet   *fleetSize    // live workers in the fleet, for the local policy
+	board   *blockBoard   // quotas an upstream blocked
+	waker   *waker        // tasks that wait in Redis, brought back when due
+	rescuer *orphanRescue // tasks orphaned by a worker's death
+	rates   *rateRecorder // completions not yet added to the fleet's rate buckets
+	changes changeWork    // what config changes leave to do, awaited by Run
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -99,14 +99,17 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:       log,
 		worker:    asynqHost() + ":" + strconv.Itoa(os.Getpid()),
 		fleet:     newFleetSize(queues),
-		clock:     systemClock{},
+		clock:     schedClock{Clock: systemClock{}},
 		slotLease: slotLease,
-		lookNow:   make(chan struct{}, 1),
-		keyBlocks: newKeyBlocks(maxKeyBlocks),
 	}
 	for _, opt := range opts {
 		opt(s)
 	}
+	deps := fleetDeps{rdb: rdb, queues: queues, clock: s.clock, log: log, worker: s.worker, gates: s.gates.Load}
+	s.board = newBlockBoard(deps)
+	s.waker = newWaker(deps, m)
+	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
+	s.rates = &rateRecorder{fleetDeps: deps}
 	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
 	s.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
 	cfg = cfg.Defaults()
@@ -124,8 +127,8 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations, previous: s.gates.Load()}
-	if s.injected {
-		o.clock = s.clock
+	if s.clock.injected {
+		o.clock = s.clock.Clock
 	}
 	return newGateSet(s.rdb, cfg, o)
 }
@@ -163,7 +166,7 @@ func (s *Scheduler) Apply(cfg Config) error {
 		old.close()
 		if stale := changedTags(old, gs); len(stale) > 0 {
 			close(old.replaced) // tasks waiting here book again
-			go s.rebook(context.Background(), gs, stale)
+			s.changes.do(func(ctx context.Context) { s.waker.rebook(ctx, gs, stale) })
 		}
 	}
 	return nil
@@ -341,7 +344,7 @@ func (tk *taken) start(typeLabel string) {
 // complete counts the handler's end with result.
 func (tk *taken) complete(result string) {
 	tk.s.metrics.completed.WithLabelValues(tk.queue, tk.typeLabel, result).Inc()
-	tk.s.done.add(tk.queue)
+	tk.s.rates.add(tk.queue)
 }
 
 // giveBack gives back what the task still holds, once: its slots, its run

@@ -184,7 +184,7 @@ func (s *Scheduler) waitForTurn(ctx context.Context, t *asynq.Task, queue, id st
 // waitNoted is waitInRedis for a task that its booking noted in the wake
 // set already (throttle.Remind), due back in wait: it has a retry left.
 func (s *Scheduler) waitNoted(queue string, wait time.Duration) error {
-	s.lookSooner(queue, wait)
+	s.waker.lookSooner(queue, wait)
 	s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
 	return &waitError{wait: wait}
 }
@@ -217,7 +217,7 @@ func (s *Scheduler) waitIn(ctx context.Context, t *asynq.Task, queue, id string,
 // errLetOut: the task books instead.
 func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Duration, at time.Time, line *lineSpot) (time.Duration, error) {
 	if line == nil {
-		if err := s.noteWake(ctx, queue, id, wait, at); err != nil {
+		if err := s.waker.note(ctx, queue, id, wait, at); err != nil {
 			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
 		}
 		return wait, nil
@@ -402,13 +402,11 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 			s.blockKey(ctx, g, s.claimOf(g, vars), block)
 			continue
 		}
-		s.block(g.key, s.clock.Now().Add(block))
+		s.board.block(g.key, s.clock.Now().Add(block))
 		if err := g.lim.Block(ctx, g.key, block); err != nil {
 			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)
 		}
-		if err := s.rdb.Publish(ctx, blockChannel, g.key+" "+strconv.FormatInt(block.Microseconds(), 10)).Err(); err != nil {
-			s.log.Warn("cannot tell the fleet of a blocked quota", "quota", g.key, "err", err)
-		}
+		s.board.announce(ctx, g.key, block)
 	}
 	if len(gs.quotasOf(t.Type())) == 0 {
 		longest = min(wait, defaultMaxBlock) // no quota to bound it: the default
@@ -441,11 +439,9 @@ func WaitingTask(info *asynq.TaskInfo) bool {
 func (s *Scheduler) blockKey(ctx context.Context, g *gate, c claim, block time.Duration) {
 	kb := blockOfKey(g.key, c.key)
 	now := s.clock.Now()
-	s.keyBlocks.add(kb, now.Add(block), now)
+	s.board.keys.add(kb, now.Add(block), now)
 	if err := c.lim.Block(ctx, c.key, block); err != nil {
 		s.log.Warn("cannot block a quota's key after an upstream said no", "quota", g.key, "err", err)
 	}
-	if err := s.rdb.Publish(ctx, blockChannel, kb.announcement(block.Microseconds())).Err(); err != nil {
-		s.log.Warn("cannot tell the fleet of a blocked key of a quota", "quota", g.key, "err", err)
-	}
+	s.board.announceKey(ctx, kb, block)
 }

@@ -3,6 +3,8 @@ package jobs
 import (
 	"context"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -50,67 +52,75 @@ func wakeKeys(queue string) []string {
 	return []string{throttle.Key("sluice:wake:", queue), throttle.Key("sluice:waker:", queue)}
 }
 
-// noteWake notes that task id of queue is due back in wait (at, on the
+// waker brings back the tasks that wait in Redis when they are due: in
+// every queue of the config in force whose waker this worker is, it takes
+// them from the wake set and moves them to the head of pending (run); it
+// is told of tasks noted due sooner than its next look (note).
+type waker struct {
+	fleetDeps
+	metrics *Metrics
+
+	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
+	lookNow chan struct{} // a task was noted due before the next look
+}
+
+func newWaker(deps fleetDeps, m *Metrics) *waker {
+	return &waker{fleetDeps: deps, metrics: m, lookNow: make(chan struct{}, 1)}
+}
+
+// note notes that task id of queue is due back in wait (at, on the
 // limiters' clock, if not zero: then the script needs no TIME), and tells
-// this worker's waker if it would otherwise look too late.
-func (s *Scheduler) noteWake(ctx context.Context, queue, id string, wait time.Duration, at time.Time) error {
+// the waker if it would otherwise look too late.
+func (w *waker) note(ctx context.Context, queue, id string, wait time.Duration, at time.Time) error {
 	due := strconv.FormatInt(wait.Microseconds(), 10)
 	if !at.IsZero() {
 		due = "@" + strconv.FormatInt(at.UnixMicro(), 10)
 	}
-	err := wakeScript.Run(ctx, s.rdb, wakeKeys(queue), s.scriptNow(), "note", id, due).Err()
+	err := wakeScript.Run(ctx, w.rdb, wakeKeys(queue), w.clock.scriptNow(), "note", id, due).Err()
 	if err == nil {
-		s.lookSooner(queue, wait)
+		w.lookSooner(queue, wait)
 	}
 	return err
 }
 
-// lookSooner tells this worker's waker of a task of queue noted due in
-// wait, if it would otherwise look too late for it.
-func (s *Scheduler) lookSooner(queue string, wait time.Duration) {
-	if next, ok := s.wakerOf.Load(queue); ok && s.clock.Now().Add(wait).Before(next.(time.Time)) {
+// lookSooner tells the waker of a task of queue noted due in wait, if it
+// would otherwise look too late for it.
+func (w *waker) lookSooner(queue string, wait time.Duration) {
+	if next, ok := w.wakerOf.Load(queue); ok && w.clock.Now().Add(wait).Before(next.(time.Time)) {
 		select {
-		case s.lookNow <- struct{}{}:
+		case w.lookNow <- struct{}{}:
 		default:
 		}
 	}
 }
 
-// scriptNow is the clock a script reads: Redis's own, or the injected one.
-func (s *Scheduler) scriptNow() string {
-	if s.injected {
-		return strconv.FormatInt(s.clock.Now().UnixMicro(), 10)
-	}
-	return ""
-}
-
-// wake moves the tasks due back to pending, in every queue whose waker
+// run moves the tasks due back to pending, in every queue whose waker
 // this worker is, until ctx ends; then it resigns.
-func (s *Scheduler) wake(ctx context.Context) {
+func (w *waker) run(ctx context.Context) {
 	for {
 		idle, waker := wakeLease, map[string]bool{}
-		for queue := range s.Config().Queues {
-			d, ok := s.wakeQueue(ctx, queue)
+		for queue := range w.gates().cfg.Queues {
+			d, ok := w.wakeQueue(ctx, queue)
 			idle, waker[queue] = min(idle, d), ok
 		}
-		next := s.clock.Now().Add(idle)
+		next := w.clock.Now().Add(idle)
 		for queue, ok := range waker {
 			if ok {
-				s.wakerOf.Store(queue, next)
+				w.wakerOf.Store(queue, next)
 			} else {
-				s.wakerOf.Delete(queue)
+				w.wakerOf.Delete(queue)
 			}
 		}
 		select {
 		case <-ctx.Done():
 			stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
-			for queue := range s.Config().Queues {
-				_ = wakeScript.Run(stop, s.rdb, wakeKeys(queue), s.scriptNow(), "resign", s.worker).Err()
+			for queue := range w.gates().cfg.Queues {
+				_ = wakeScript.Run(stop, w.rdb, wakeKeys(queue), w.clock.scriptNow(), "resign", w.worker).Err()
 			}
 			return
-		case <-s.lookNow:
-		case <-s.clock.After(idle):
+		case <-w.lookNow:
+		case <-w.clock.After(idle):
 		}
 	}
 }
@@ -118,13 +128,13 @@ func (s *Scheduler) wake(ctx context.Context) {
 // wakeQueue moves queue's tasks that are due (or nearly) to pending, if
 // this worker is its waker, and returns how soon to look again and whether
 // it is the waker.
-func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	keys, args := wakeKeys(queue), []any{s.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), s.worker, wakeLease.Microseconds()}
-	if f := s.gates.Load().fair[queue]; f != nil {
+func (w *waker) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
+	keys, args := wakeKeys(queue), []any{w.clock.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), w.worker, wakeLease.Microseconds()}
+	if f := w.gates().fair[queue]; f != nil {
 		more, extra := f.wakeArgs()
 		keys, args = append(keys, more...), append(args, extra...)
 	}
-	reply, err := wakeScript.Run(ctx, s.rdb, keys, args...).Slice()
+	reply, err := wakeScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil || len(reply) == 0 {
 		return wakeEvery, false
 	}
@@ -135,8 +145,8 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 		until, _ := reply[1].(int64)
 		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false
 	}
-	if err := s.ready(ctx, queue, reply[1:]); err != nil {
-		s.log.Warn("cannot move tasks due back to their queue; asynq brings them a second late", "queue", queue, "err", err)
+	if err := w.ready(ctx, queue, reply[1:]); err != nil {
+		w.log.Warn("cannot move tasks due back to their queue; asynq brings them a second late", "queue", queue, "err", err)
 	}
 	switch {
 	case (len(reply)-1)/2 >= wakeBatch:
@@ -149,6 +159,29 @@ func (s *Scheduler) wakeQueue(ctx context.Context, queue string) (time.Duration,
 	return wakeEvery, true
 }
 
+// rebook brings forward the tasks waiting in Redis for turns booked under
+// a limit that has changed: they were scheduled at the old rate. Back in a
+// worker, they book new turns at the new rate. One worker of the fleet does
+// it for each change.
+func (w *waker) rebook(ctx context.Context, gs *gateSet, stale []string) {
+	claim := throttle.Key("sluice:rebook:", strings.Join(stale, ","))
+	if ok, err := w.rdb.SetNX(ctx, claim, w.worker, time.Minute).Result(); err != nil || !ok {
+		return
+	}
+	moved := 0
+	for queue := range gs.cfg.Queues {
+		// Every task that waits in Redis for a turn is in its queue's wake
+		// set; a changed quota may be any type's, in any queue.
+		n, err := wakeScript.Run(ctx, w.rdb, wakeKeys(queue), w.clock.scriptNow(), "rush").Int()
+		if err != nil {
+			w.log.Warn("cannot bring forward tasks booked at an old rate", "queue", queue, "err", err)
+			continue
+		}
+		moved += n
+	}
+	w.log.Info("limits changed: tasks booked at the old rate book again", "gates", stale, "tasks", moved)
+}
+
 // asynqKeys is the prefix of queue's keys in asynq v0.26's layout
 // (internal/base), for what its API cannot do cheaply.
 func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
@@ -158,16 +191,16 @@ func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
 // before the queue's backlog. A task that asynq still lists as running was
 // noted just before asynq moved it to its retry list: it is looked at again
 // in a moment, for up to a second after it was due.
-func (s *Scheduler) ready(ctx context.Context, queue string, taken []any) error {
+func (w *waker) ready(ctx context.Context, queue string, taken []any) error {
 	if len(taken) == 0 {
 		return nil
 	}
 	prefix := asynqKeys(queue)
-	args := []any{prefix + "t:", s.clock.Now().UnixNano()}
+	args := []any{prefix + "t:", w.clock.Now().UnixNano()}
 	for i := 0; i+1 < len(taken); i += 2 {
 		args = append(args, taken[i])
 	}
-	moved, err := readyScript.Run(ctx, s.queues, []string{prefix + "pending", prefix + "retry", prefix + "scheduled"}, args...).Int64Slice()
+	moved, err := readyScript.Run(ctx, w.queues, []string{prefix + "pending", prefix + "retry", prefix + "scheduled"}, args...).Int64Slice()
 	if err != nil {
 		return err
 	}
@@ -176,9 +209,9 @@ func (s *Scheduler) ready(ctx context.Context, queue string, taken []any) error 
 		overdue, _ := taken[2*i+1].(int64)
 		switch {
 		case result == 1:
-			s.metrics.woken.Inc()
+			w.metrics.woken.Inc()
 		case result == 2 && overdue < wakeStillActive.Microseconds():
-			_ = s.noteWake(ctx, queue, id, wakeAgain, time.Time{})
+			_ = w.note(ctx, queue, id, wakeAgain, time.Time{})
 		}
 		// Otherwise gone (it ran, was deleted), pending already, or
 		// archived: nothing to do.

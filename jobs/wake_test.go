@@ -28,6 +28,7 @@ func TestWakerOnTime(t *testing.T) {
 	workers := []*Scheduler{newTestScheduler(t, cfg), newTestScheduler(t, cfg)}
 	for i, s := range workers {
 		s.worker += fmt.Sprintf("/%d", i) // two workers of one process
+		s.waker.worker = s.worker         // its services took the name it had
 	}
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer client.Close()
@@ -46,7 +47,7 @@ func TestWakerOnTime(t *testing.T) {
 		}
 		wait := time.Duration(300+150*i)*time.Millisecond - time.Since(start)
 		due[id] = time.Now().Add(wait)
-		if err := workers[i%2].noteWake(context.Background(), queue, id, wait, time.Time{}); err != nil {
+		if err := workers[i%2].waker.note(context.Background(), queue, id, wait, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -57,7 +58,7 @@ func TestWakerOnTime(t *testing.T) {
 		ctxs[i], stopped[i] = cancel, make(chan struct{})
 		go func() {
 			defer close(stopped[i])
-			s.wake(ctx)
+			s.waker.run(ctx)
 		}()
 		defer cancel()
 	}
@@ -78,7 +79,7 @@ func TestWakerOnTime(t *testing.T) {
 		}
 		if stoppedAt.IsZero() && len(pendingAt) >= n/2 {
 			for i, s := range workers {
-				if _, ok := s.wakerOf.Load(queue); ok {
+				if _, ok := s.waker.wakerOf.Load(queue); ok {
 					ctxs[i]()
 					<-stopped[i]
 					stoppedAt = time.Now()
@@ -193,7 +194,7 @@ func TestWakeWhileStillActive(t *testing.T) {
 	mux := asynq.NewServeMux()
 	mux.HandleFunc("test:wait", func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		if err := s.noteWake(ctx, queue, id, 0, time.Time{}); err != nil {
+		if err := s.waker.note(ctx, queue, id, 0, time.Time{}); err != nil {
 			return err
 		}
 		close(noted)
@@ -212,13 +213,13 @@ func TestWakeWhileStillActive(t *testing.T) {
 	}
 	<-noted
 	// The look while the task still runs...
-	s.wakeQueue(ctx, queue)
+	s.waker.wakeQueue(ctx, queue)
 	close(release)
 	// ...and the looks after: the task is pending within a second.
 	srv.Stop() // takes no more tasks, so pending stays pending
 	deadline := time.Now().Add(time.Second)
 	for {
-		s.wakeQueue(ctx, queue)
+		s.waker.wakeQueue(ctx, queue)
 		info, err := s.inspector.GetTaskInfo(queue, "w")
 		if err == nil && info.State == asynq.TaskStatePending {
 			return
@@ -256,11 +257,11 @@ func TestWokenTaskFirst(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"retried", "scheduled"} {
-		if err := s.noteWake(ctx, queue, id, 0, time.Time{}); err != nil {
+		if err := s.waker.note(ctx, queue, id, 0, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s.wakeQueue(ctx, queue)
+	s.waker.wakeQueue(ctx, queue)
 
 	var order []string
 	done := make(chan struct{})
@@ -317,14 +318,14 @@ func TestWakerLooksInBatches(t *testing.T) {
 	}
 	for i := range n {
 		wait := 200*time.Millisecond + time.Duration(i)*every
-		if err := s.noteWake(context.Background(), queue, fmt.Sprintf("task-%d", i), wait, redisNow.Add(wait)); err != nil {
+		if err := s.waker.note(context.Background(), queue, fmt.Sprintf("task-%d", i), wait, redisNow.Add(wait)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	looks.count.Store(0)
-	go s.wake(ctx)
+	go s.waker.run(ctx)
 	testkit.WaitFor(t, 5*time.Second, "every task moved to pending", func() bool {
 		return testutil.ToFloat64(s.metrics.woken) == n
 	})

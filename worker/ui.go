@@ -16,9 +16,11 @@ import (
 
 // webUI returns asynqmon at /ui/ as ui allows: read-only unless ui.Writes,
 // and behind HTTP basic auth when ui has a password hash (config.Load
-// checked that writes come with one).
-func webUI(ui jobs.WebUIConfig, redisOpt asynq.RedisConnOpt) http.Handler {
-	var h http.Handler = asynqmon.New(asynqmon.Options{RootPath: "/ui", RedisConnOpt: redisOpt, ReadOnly: !ui.Writes})
+// checked that writes come with one). close closes asynqmon's connections
+// to Redis (its own client and inspector).
+func webUI(ui jobs.WebUIConfig, redisOpt asynq.RedisConnOpt) (h http.Handler, close func() error) {
+	mon := asynqmon.New(asynqmon.Options{RootPath: "/ui", RedisConnOpt: redisOpt, ReadOnly: !ui.Writes})
+	h = mon
 	if !ui.Writes {
 		// asynqmon's ReadOnly refuses methods other than GET on the API
 		// routes it knows; this refuses them on every path, whatever a
@@ -28,7 +30,7 @@ func webUI(ui jobs.WebUIConfig, redisOpt asynq.RedisConnOpt) http.Handler {
 	if ui.PasswordHash != "" {
 		h = (&basicAuth{user: ui.User, hash: []byte(ui.PasswordHash)}).wrap(h)
 	}
-	return h
+	return h, mon.Close
 }
 
 // readOnly answers 405 to any method but GET and HEAD.

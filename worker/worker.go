@@ -182,26 +182,36 @@ func (w *Worker) Run(ctx context.Context) error {
 	cfg.ShutdownTimeout = w.opts.shutdownTimeout
 	srv := asynq.NewServerFromRedisClient(asynqRDB, cfg)
 
-	web, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, log)
+	webAddr, stopWeb, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, log)
 	if err != nil {
 		return fmt.Errorf("worker: metrics server on worker.metrics_addr: %w", err)
 	}
-	defer func() {
-		stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		web.Shutdown(stop)
-	}()
+	defer stopWeb()
 
-	// The fleet loop and the watcher outlive ctx until the running tasks
-	// are done: a task still waiting for its turn needs them.
+	// The fleet's services and the watcher outlive ctx until the running
+	// tasks are done: a task still waiting for its turn needs them. They
+	// have all stopped, and no config change is being applied, before the
+	// deferred closes above close their clients.
 	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
+	var applying sync.Mutex // held while a change is applied
+	stopped := false        // under applying: no change is applied any more
 	defer func() {
 		stopBackground()
+		applying.Lock()
+		stopped = true
+		applying.Unlock()
 		wg.Wait()
 	}()
 	wg.Go(func() { sched.Run(background) })
+	// config.Watch's goroutine ends soon after background but is not
+	// awaited: the flag keeps a change it reports late from being applied.
 	config.Watch(background, w.path, w.file, func(f config.File) {
+		applying.Lock()
+		defer applying.Unlock()
+		if stopped {
+			return
+		}
 		if err := w.checkHandled(f.Jobs); err != nil {
 			log.Error("config change refused; the last good config stays in force", "err", err)
 			return
@@ -223,7 +233,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := srv.Start(w.mux); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	log.Info("worker running", "queues", cfg.Queues, "concurrency", cfg.Concurrency, "metrics", web.Addr)
+	log.Info("worker running", "queues", cfg.Queues, "concurrency", cfg.Concurrency, "metrics", webAddr)
 	<-ctx.Done()
 	log.Info("stopping: waiting for running tasks", "timeout", w.opts.shutdownTimeout)
 	srv.Shutdown()
@@ -270,21 +280,32 @@ func checkRedis(ctx context.Context, r config.Redis, rdb redis.UniversalClient, 
 }
 
 // serveMetrics serves Prometheus metrics on /metrics, asynqmon's web UI on
-// /ui/ (see webUI) and /healthz at cfg.MetricsAddr.
-func serveMetrics(cfg jobs.WorkerConfig, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, log *slog.Logger) (*http.Server, error) {
+// /ui/ (see webUI) and /healthz at cfg.MetricsAddr, until stop is called:
+// stop shuts the server down (waiting up to 5s for requests under way,
+// and for its serving goroutine), then closes the web UI's connections.
+func serveMetrics(cfg jobs.WorkerConfig, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, log *slog.Logger) (addr string, stop func(), err error) {
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
+	ui, closeUI := webUI(cfg.UI, redisOpt)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/ui/", webUI(cfg.UI, redisOpt))
+	mux.Handle("/ui/", ui)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	srv := &http.Server{Addr: ln.Addr().String(), Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
 	go func() {
+		defer close(served)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics server stopped", "err", err)
 		}
 	}()
-	return srv, nil
+	return srv.Addr, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-served
+		closeUI()
+	}, nil
 }
