@@ -63,6 +63,22 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 	if !strings.Contains(string(out), "queues.emails.drain.limit") {
 		t.Errorf("the README's worker on a bad config said %q, want the key queues.emails.drain.limit named", out)
 	}
+	// A typo under tasks: is found by Run, once the handlers are known:
+	// the same exit code.
+	typo := "redis: {addr: " + redistest.Addr(t) + "}\nqueues:\n  emails: {}\nquotas:\n  mail-api: {limit: 10, period: 1s}\ntasks:\n  email:sned: {quotas: [mail-api]}\n"
+	if err := os.WriteFile(filepath.Join(run, "config.yaml"), []byte(typo), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(binary)
+	cmd.Dir = run
+	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+freeAddr(t))
+	out, err = cmd.CombinedOutput()
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Errorf("the README's worker on a config with a typo under tasks: %v, want exit code 2\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "email:sned") {
+		t.Errorf("the README's worker on a config with a typo under tasks: said %q, want the typo email:sned named", out)
+	}
 
 	queue := redistest.Queue(t, "emails")
 	config := docSnippet(t, "README.md", "## Use sluice in your own worker", "yaml")
