@@ -73,10 +73,11 @@ type watcher struct {
 	extra  string // the target's directory, when it is not path's and is watched
 	last   [sha256.Size]byte
 	// unconfirmed is the digest of content that did not load, read once:
-	// reported if it reads the same confirm later. readFailed: the same
-	// for a read that failed.
+	// reported if it reads the same confirm later, with no event between
+	// (confirming). readFailed: the same for a read that failed.
 	unconfirmed [sha256.Size]byte
 	readFailed  bool
+	confirming  bool
 }
 
 // follow resolves path again and moves the watch of the target's directory
@@ -134,6 +135,9 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 			if !w.counts(ev, onError) {
 				continue
 			}
+			// The file is still being written: what did not load may be
+			// a moment of the save, not its end.
+			w.confirming = false
 			now := time.Now()
 			if quiet == nil {
 				burst = now
@@ -144,14 +148,15 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 			// A file that cannot be read or loaded may be mid-save (between
 			// a truncate and its write, or a remove and a rename): it is
 			// read again after confirm (or at the next event), and reported
-			// only if it reads the same then.
+			// only if it reads the same then, no event having come between:
+			// a file saved again and again is empty now and then.
 			data, err := os.ReadFile(w.path)
 			if err != nil {
-				if !w.readFailed {
-					w.readFailed, quiet = true, time.After(confirm)
+				if !w.readFailed || !w.confirming {
+					w.readFailed, w.confirming, quiet = true, true, time.After(confirm)
 					continue
 				}
-				w.readFailed, w.last = false, [sha256.Size]byte{}
+				w.readFailed, w.confirming, w.last = false, false, [sha256.Size]byte{}
 				onError(fmt.Errorf("config: %w", err))
 				continue
 			}
@@ -161,11 +166,11 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 				continue
 			}
 			f, err := load(w.path, data)
-			if err != nil && digest != w.unconfirmed {
-				w.unconfirmed, quiet = digest, time.After(confirm)
+			if err != nil && (digest != w.unconfirmed || !w.confirming) {
+				w.unconfirmed, w.confirming, quiet = digest, true, time.After(confirm)
 				continue
 			}
-			w.last, w.unconfirmed = digest, [sha256.Size]byte{}
+			w.last, w.unconfirmed, w.confirming = digest, [sha256.Size]byte{}, false
 			if err != nil {
 				onError(err)
 			} else {
