@@ -46,6 +46,7 @@ type section struct {
 
 var sections = []section{
 	{"throttle", runThrottle},
+	{"callgrind", runCallgrind},
 	{"worker", runWorker},
 	{"keyed", runKeyed},
 	{"enqueue", runEnqueue},
