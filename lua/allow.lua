@@ -1,8 +1,9 @@
 -- allow: one limit's AllowN or ReserveN with the fewest keys and
 -- arguments: book.lua's book of one claim with no ID, nothing to give back,
 -- no replaced limit, no recent throttles and no remind, which is most
--- calls. lua.go puts it after the one constructor it needs, new_limit (as a
--- script), or passes it new_limit (as a function).
+-- calls. lua.go puts it after the one constructor it needs, new_limit, and
+-- the algorithm's quick decision, fast_limit or nil (as a script), or
+-- passes it both (as a function).
 --
 -- KEYS[1], KEYS[2] -> the state and aux keys (see the algorithm)
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
@@ -14,11 +15,17 @@
 --            remaining, retry_after, reset_after, pieces}
 
 local now = clock()
-local n = tonumber(ARGV[7])
-local g = new_limit(KEYS[1], KEYS[2], {limit = tonumber(ARGV[3]), period = tonumber(ARGV[4]),
-  burst = tonumber(ARGV[5]), windows = tonumber(ARGV[6]), n = n, member = ''})
-g.trim(now)
+local p = {limit = tonumber(ARGV[3]), period = tonumber(ARGV[4]), burst = tonumber(ARGV[5]),
+  windows = tonumber(ARGV[6]), n = tonumber(ARGV[7]), member = ''}
 local start, max_wait, slack = math.max(now, tonumber(ARGV[8])), tonumber(ARGV[9]), tonumber(ARGV[10])
+-- The algorithm's quick decision for the states most calls find, if it
+-- has one (fast_limit, or nil).
+if fast_limit then
+  local reply = fast_limit(KEYS[1], p, now, start, max_wait, slack)
+  if reply then return reply end
+end
+local g = new_limit(KEYS[1], KEYS[2], p)
+g.trim(now)
 
 -- As book.lua's save.
 local function save()

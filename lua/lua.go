@@ -37,11 +37,12 @@ var Book = join(append(bookParts, "book.lua")...)
 func BookLibrary(name string) string {
 	return "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) +
 		"local function book()\n" + join("book.lua") + "end\n" +
-		"local function allow(new_limit)\n" + join("allow.lua") + "end\n" +
+		"local function allow(new_limit, fast_limit)\n" + join("allow.lua") + "end\n" +
 		"local allow_constructors = {fixed_window = new_counter, sliding_counter = new_counter,\n" +
 		"  sliding_log = new_sliding_log, token_bucket = new_bucket, leaky_bucket = new_bucket}\n" +
+		"local allow_fast = {token_bucket = bucket_allow, leaky_bucket = bucket_allow}\n" +
 		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
-		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]])\nend)\n"
+		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n"
 }
 
 // Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
@@ -58,15 +59,15 @@ var Ready = join("ready.lua")
 // Allow is the script of one limit's AllowN or ReserveN (see allow.lua)
 // for each algorithm, holding only that algorithm's code.
 var Allow = map[string]string{
-	"fixed_window":    allowOf("new_counter", "counter.lua"),
-	"sliding_counter": allowOf("new_counter", "counter.lua"),
-	"sliding_log":     allowOf("new_sliding_log", "sliding_log.lua"),
-	"token_bucket":    allowOf("new_bucket", "bucket.lua"),
-	"leaky_bucket":    allowOf("new_bucket", "bucket.lua"),
+	"fixed_window":    allowOf("new_counter", "nil", "counter.lua"),
+	"sliding_counter": allowOf("new_counter", "nil", "counter.lua"),
+	"sliding_log":     allowOf("new_sliding_log", "nil", "sliding_log.lua"),
+	"token_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
+	"leaky_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
 }
 
-func allowOf(constructor, file string) string {
-	return join("common.lua", file) + "local new_limit = " + constructor + "\n" + join("allow.lua")
+func allowOf(constructor, fast, file string) string {
+	return join("common.lua", file) + "local new_limit, fast_limit = " + constructor + ", " + fast + "\n" + join("allow.lua")
 }
 
 func join(names ...string) string {
