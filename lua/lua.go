@@ -40,7 +40,8 @@ func BookLibrary(name string) string {
 		"local function allow(new_limit, fast_limit)\n" + join("allow.lua") + "end\n" +
 		"local allow_constructors = {fixed_window = new_counter, sliding_counter = new_counter,\n" +
 		"  sliding_log = new_sliding_log, token_bucket = new_bucket, leaky_bucket = new_bucket}\n" +
-		"local allow_fast = {token_bucket = bucket_allow, leaky_bucket = bucket_allow}\n" +
+		"local allow_fast = {token_bucket = bucket_allow, leaky_bucket = bucket_allow,\n" +
+		"  fixed_window = counter_allow, sliding_counter = counter_allow}\n" +
 		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
 		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n"
 }
@@ -59,8 +60,8 @@ var Ready = join("ready.lua")
 // Allow is the script of one limit's AllowN or ReserveN (see allow.lua)
 // for each algorithm, holding only that algorithm's code.
 var Allow = map[string]string{
-	"fixed_window":    allowOf("new_counter", "nil", "counter.lua"),
-	"sliding_counter": allowOf("new_counter", "nil", "counter.lua"),
+	"fixed_window":    allowOf("new_counter", "counter_allow", "counter.lua"),
+	"sliding_counter": allowOf("new_counter", "counter_allow", "counter.lua"),
 	"sliding_log":     allowOf("new_sliding_log", "nil", "sliding_log.lua"),
 	"token_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
 	"leaky_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
