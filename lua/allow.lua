@@ -21,7 +21,7 @@ local start, max_wait, slack = math.max(now, tonumber(ARGV[8])), tonumber(ARGV[9
 -- The algorithm's quick decision for the states most calls find, if it
 -- has one (fast_limit, or nil).
 if fast_limit then
-  local reply = fast_limit(KEYS[1], p, now, start, max_wait, slack)
+  local reply = fast_limit(KEYS[1], KEYS[2], p, now, start, max_wait, slack)
   if reply then return reply end
 end
 local g = new_limit(KEYS[1], KEYS[2], p)

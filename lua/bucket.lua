@@ -342,13 +342,13 @@ local function new_bucket(key, spans_key, p)
   return self
 end
 
--- bucket_allow is allow.lua's decision (p, now, start, max_wait, slack as
+-- bucket_allow is allow.lua's decision (key, p, now, start, max_wait, slack as
 -- it names them) for a bucket of at most one span that starts by the
 -- instant booked: new_bucket's trim, earliest, record, room, reset_after
 -- and save for that state, without building a bucket of closures. It
 -- returns nil, having written nothing, for any other state (new_bucket
 -- decides then).
-local function bucket_allow(key, p, now, start, max_wait, slack)
+local function bucket_allow(key, _, p, now, start, max_wait, slack)
   local g = gcd(p.limit, p.period)
   local per_micro, per_event = p.limit / g, p.period / g
   local window, need = p.burst * per_event, p.n * per_event

@@ -126,7 +126,7 @@ end
 -- counter_allow is allow.lua's decision (p, now, start, max_wait, slack as
 -- it names them): new_counter's trim, earliest, record, room, reset_after
 -- and save, without building a counter of closures.
-local function counter_allow(key, p, now, start, max_wait, slack)
+local function counter_allow(key, _, p, now, start, max_wait, slack)
   local sub, windows, n, limit = p.period / p.windows, p.windows, p.n, p.limit
   local blocked, counts = 0, {}
   local state = redis.call('GET', key)

@@ -41,7 +41,7 @@ func BookLibrary(name string) string {
 		"local allow_constructors = {fixed_window = new_counter, sliding_counter = new_counter,\n" +
 		"  sliding_log = new_sliding_log, token_bucket = new_bucket, leaky_bucket = new_bucket}\n" +
 		"local allow_fast = {token_bucket = bucket_allow, leaky_bucket = bucket_allow,\n" +
-		"  fixed_window = counter_allow, sliding_counter = counter_allow}\n" +
+		"  fixed_window = counter_allow, sliding_counter = counter_allow, sliding_log = sliding_log_allow}\n" +
 		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
 		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n"
 }
@@ -62,7 +62,7 @@ var Ready = join("ready.lua")
 var Allow = map[string]string{
 	"fixed_window":    allowOf("new_counter", "counter_allow", "counter.lua"),
 	"sliding_counter": allowOf("new_counter", "counter_allow", "counter.lua"),
-	"sliding_log":     allowOf("new_sliding_log", "nil", "sliding_log.lua"),
+	"sliding_log":     allowOf("new_sliding_log", "sliding_log_allow", "sliding_log.lua"),
 	"token_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
 	"leaky_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
 }
