@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -95,4 +96,48 @@ func newOn(t *testing.T, rdb redis.UniversalClient, spec throttle.Spec, clock th
 		t.Fatal(err)
 	}
 	return lim
+}
+
+// miniredis, the try-out mode's Redis, has no functions: the limits run
+// there as scripts, with the reservations of the in-process twin, the
+// pieces a Cancel gives back included. (Its Lua computed gcd(limit,
+// period) wrong before: a bucket of 4 per 100ms counted an event as 1 µs of
+// its time, not 25,000.)
+func TestMiniredisBuckets(t *testing.T) {
+	ctx := context.Background()
+	mini := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mini.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket} {
+		t.Run(string(a), func(t *testing.T) {
+			spec := throttle.Spec{Algorithm: a, Limit: 4, Period: 100 * time.Millisecond, Burst: 3}
+			clock := testkit.NewClock(t0)
+			lim := newOn(t, rdb, spec, clock, redistest.Prefix(t)).(throttle.Reserver)
+			local, err := throttle.NewLocal(spec, throttle.WithClock(clock))
+			if err != nil {
+				t.Fatal(err)
+			}
+			waited := 0
+			for i := range 40 {
+				clock.Set(t0.Add(time.Duration(i) * 10 * time.Millisecond))
+				got, err := lim.ReserveN(ctx, "k", 1, 50*time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := local.(throttle.Reserver).ReserveN(ctx, "k", 1, 50*time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != want {
+					t.Fatalf("call %d: %+v, want %+v", i, got, want)
+				}
+				if got.Delay > 0 {
+					waited++
+				}
+			}
+			if waited == 0 {
+				t.Fatal("no call waited: the timeline tests too little")
+			}
+		})
+	}
 }
