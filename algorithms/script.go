@@ -306,7 +306,7 @@ func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op)
 	if len(missing) == 0 {
 		return
 	}
-	if err := s.loadLibrary(ctx, rdb, missing[0]); err != nil {
+	if err := s.loadLibrary(ctx, rdb, missing); err != nil {
 		if refusesFunctions(err) {
 			s.scriptsOnly.Store(rdb, struct{}{})
 			s.runScripts(ctx, rdb, missing)
@@ -345,16 +345,29 @@ func refusesFunctions(err error) bool {
 	return false
 }
 
-// loadLibrary loads s's library on the server that op's keys are on.
-func (s *Script) loadLibrary(ctx context.Context, rdb redis.UniversalClient, op *Op) error {
-	if c, ok := rdb.(*redis.ClusterClient); ok && len(op.Claims) > 0 {
+// loadLibrary loads s's library on the servers that ops' keys are on.
+func (s *Script) loadLibrary(ctx context.Context, rdb redis.UniversalClient, ops []*Op) error {
+	c, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return rdb.FunctionLoadReplace(ctx, s.library).Err()
+	}
+	loaded := map[string]bool{}
+	for _, op := range ops {
+		if len(op.Claims) == 0 {
+			continue
+		}
 		node, err := c.MasterForKey(ctx, op.Claims[0].Key)
 		if err != nil {
 			return err
 		}
-		return node.FunctionLoadReplace(ctx, s.library).Err()
+		if addr := node.Options().Addr; !loaded[addr] {
+			if err := node.FunctionLoadReplace(ctx, s.library).Err(); err != nil {
+				return err
+			}
+			loaded[addr] = true
+		}
 	}
-	return rdb.FunctionLoadReplace(ctx, s.library).Err()
+	return nil
 }
 
 // runScripts runs ops by EVALSHA, and by EVAL those that find the script
