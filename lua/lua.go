@@ -8,7 +8,10 @@
 // a queue's fair shares, which wake.lua shares), and the
 // driver, book.lua, which runs one operation on several limits at once
 // (book, cancel, block or peek) and documents the KEYS and ARGV it takes.
-// Each constructor mirrors its Go twin in package algorithms.
+// Each constructor mirrors its Go twin in package algorithms. Allow is
+// one limit's AllowN or ReserveN per algorithm, with only that algorithm's
+// code and its quick decision (allow.lua); BookLibrary holds Book and
+// Allow as Redis 7 functions, defined once when loaded.
 package lua
 
 import (
