@@ -2,8 +2,12 @@ package algorithms
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -12,19 +16,49 @@ import (
 
 // Script is a Lua script run by its SHA1 with a fallback to its body when
 // Redis does not have it cached (after a restart, a failover or SCRIPT
-// FLUSH), so that an empty script cache costs no decision.
+// FLUSH), so that an empty script cache costs no decision. Where the
+// server has Redis 7 functions, it runs as a function instead (FCALL),
+// loaded as a library when the server does not have it (after a restart, a
+// failover or FUNCTION FLUSH), in the same way: a function's library is
+// defined once, where EVALSHA defines all of the script's functions on
+// every call. Clients whose server lacks functions (Redis 6, miniredis) or
+// whose user may not call them (an ACL without FCALL or FUNCTION LOAD) run
+// the script, with the same results.
 type Script struct {
 	source string
 	script *redis.Script
+	// allow holds, by algorithm, the lean scripts of one limit's AllowN or
+	// ReserveN (see Op.lean); nil for a script without them.
+	allow map[string]*redis.Script
+	// function is the script's function (and, with "_allow", the lean
+	// one's), its library named after it; "" for a script that runs only
+	// as a script.
+	function, library string
+	// scriptsOnly holds the clients that run the script, not the function.
+	scriptsOnly sync.Map // redis.UniversalClient -> struct{}
 }
 
-func newScript(source string) *Script {
-	return &Script{source: source, script: redis.NewScript(source)}
+func newScript(source string, allow map[string]string, library func(name string) string) *Script {
+	s := &Script{source: source, script: redis.NewScript(source)}
+	if allow != nil {
+		s.allow = map[string]*redis.Script{}
+		for name, src := range allow {
+			s.allow[name] = redis.NewScript(src)
+		}
+	}
+	if library != nil {
+		// Named by its text: processes of different versions on one server
+		// each call their own, and none replaces another's.
+		sum := sha1.Sum([]byte(library("")))
+		s.function = "sluice_" + hex.EncodeToString(sum[:8])
+		s.library = library(s.function)
+	}
+	return s
 }
 
 // BookScript runs an operation on the limits of one cluster slot: the
 // twin of Book, Peek and the giving back and blocking around them.
-var BookScript = newScript(lua.Book)
+var BookScript = newScript(lua.Book, lua.Allow, lua.BookLibrary)
 
 // Source returns the full text of the script.
 func (s *Script) Source() string { return s.source }
@@ -32,9 +66,29 @@ func (s *Script) Source() string { return s.source }
 // Hash returns the script's SHA1, the name EVALSHA knows it by.
 func (s *Script) Hash() string { return s.script.Hash() }
 
-// Load caches the script on the server(s) rdb talks to.
+// Function returns the name FCALL knows the script by, or "" if it runs as
+// a script only.
+func (s *Script) Function() string { return s.function }
+
+// Load caches the script, and its lean scripts, on the server(s) rdb
+// talks to.
 func (s *Script) Load(ctx context.Context, rdb redis.Scripter) error {
-	return s.script.Load(ctx, rdb).Err()
+	if err := s.script.Load(ctx, rdb).Err(); err != nil {
+		return err
+	}
+	for _, a := range s.allow {
+		if err := a.Load(ctx, rdb).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ScriptsOnly makes rdb's calls of s run the script (EVALSHA) even where
+// the server has functions: for a server where FUNCTION LOAD is not
+// wanted, and for tests of that path.
+func (s *Script) ScriptsOnly(rdb redis.UniversalClient) {
+	s.scriptsOnly.Store(rdb, struct{}{})
 }
 
 // Now asks a script to read Redis's own clock.
@@ -153,6 +207,32 @@ func (op *Op) args() []any {
 	return args
 }
 
+// lean tells whether op is one limit's AllowN or ReserveN that the lean
+// script decides as the book script would (lua/allow.lua): a book of one
+// claim with no ID, nothing to give back, no replaced limit, no recent
+// throttles, no fair share and no remind.
+func (op *Op) lean() bool {
+	if op.Name != OpBook || len(op.Claims) != 1 || op.Exact || op.Ahead > 0 || op.Remind != nil {
+		return false
+	}
+	c := op.Claims[0]
+	return c.GiveBack == "" && c.ID == "" && c.RecentKey == "" && c.Replaces == nil && c.Member == ""
+}
+
+func (op *Op) leanKeys() []string {
+	return []string{op.Claims[0].Key, op.Claims[0].Aux}
+}
+
+func (op *Op) leanArgs() []any {
+	clock := ""
+	if op.Now != Now {
+		clock = strconv.FormatInt(op.Now, 10)
+	}
+	c := op.Claims[0]
+	p := c.Params
+	return []any{clock, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, op.NotBefore, op.MaxWait, op.Slack}
+}
+
 // finish sets op's outcome from the script's reply.
 func (op *Op) finish(cmd *redis.Cmd) {
 	reply, err := cmd.Slice()
@@ -191,36 +271,113 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	op.Result = b
 }
 
-// Run runs ops on rdb and sets the outcome of each: one op as one script
-// call, several in one pipeline (one write and one read for all of them,
-// each op still its own atomic script run). Ops that find the script cache
-// empty are run again with the script's body. No op is ever sent twice
-// (see onceCmd): one whose connection broke before its reply came has
-// that error, whether or not it ran.
+// Run runs ops on rdb and sets the outcome of each: one op as one call,
+// several in one pipeline (one write and one read for all of them, each op
+// still its own atomic run). Ops that find the function or the script
+// missing on the server (which means they did not run) are run again once
+// it is loaded. No op is ever sent twice otherwise (see onceCmd): one whose
+// connection broke before its reply came has that error, whether or not
+// it ran.
 func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op) {
-	if len(ops) == 1 {
-		cmd := s.call(ctx, "evalsha", ops[0])
-		_ = rdb.Process(ctx, onceCmd{cmd}) // the error is in cmd
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			cmd = s.call(ctx, "eval", ops[0])
-			_ = rdb.Process(ctx, onceCmd{cmd})
-		}
-		ops[0].finish(cmd)
+	if s.function == "" {
+		s.runScripts(ctx, rdb, ops)
 		return
 	}
-	cmds := make([]*redis.Cmd, len(ops))
-	// Every command's error is in its Cmd; Pipelined's is the first of them.
-	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, op := range ops {
-			cmds[i] = s.call(ctx, "evalsha", op)
-			_ = p.Process(ctx, onceCmd{cmds[i]})
+	if _, ok := s.scriptsOnly.Load(rdb); ok {
+		s.runScripts(ctx, rdb, ops)
+		return
+	}
+	cmds := send(ctx, rdb, ops, s.fcall)
+	var missing, noFunctions []*Op
+	for i, cmd := range cmds {
+		switch err := cmd.Err(); {
+		case redis.HasErrorPrefix(err, "Function not found"):
+			missing = append(missing, ops[i])
+		case refusesFunctions(err):
+			noFunctions = append(noFunctions, ops[i])
+		default:
+			ops[i].finish(cmd)
 		}
-		return nil
-	})
-	var uncached []int
+	}
+	if len(noFunctions) > 0 {
+		s.scriptsOnly.Store(rdb, struct{}{})
+		s.runScripts(ctx, rdb, noFunctions)
+	}
+	if len(missing) == 0 {
+		return
+	}
+	if err := s.loadLibrary(ctx, rdb, missing); err != nil {
+		if refusesFunctions(err) {
+			s.scriptsOnly.Store(rdb, struct{}{})
+			s.runScripts(ctx, rdb, missing)
+			return
+		}
+		for _, op := range missing {
+			op.Err = fmt.Errorf("algorithms: FUNCTION LOAD: %w", err)
+		}
+		return
+	}
+	for i, cmd := range send(ctx, rdb, missing, s.fcall) {
+		missing[i].finish(cmd)
+	}
+}
+
+// refusesFunctions tells whether err says that FCALL or FUNCTION LOAD did
+// not run because the server has no functions (Redis 6, miniredis) or the
+// user may not use them (ACL); not an error of the function itself.
+func refusesFunctions(err error) bool {
+	if err == nil {
+		return false
+	}
+	// Only these commands' own refusals: an error raised inside the
+	// function (a command it calls refused by ACL, say) may come after it
+	// wrote, and must not make the op run again.
+	msg := strings.ToLower(err.Error())
+	for _, name := range []string{"fcall", "function", "function|load"} {
+		for _, q := range []string{"'%s'", "`%s`"} {
+			quoted := fmt.Sprintf(q, name)
+			if strings.HasPrefix(msg, "err unknown command "+quoted) ||
+				(strings.HasPrefix(msg, "noperm") && strings.Contains(msg, "to run the "+quoted+" command") && !strings.Contains(msg, "script")) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// loadLibrary loads s's library on the servers that ops' keys are on.
+func (s *Script) loadLibrary(ctx context.Context, rdb redis.UniversalClient, ops []*Op) error {
+	c, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return rdb.FunctionLoadReplace(ctx, s.library).Err()
+	}
+	loaded := map[string]bool{}
+	for _, op := range ops {
+		if len(op.Claims) == 0 {
+			continue
+		}
+		node, err := c.MasterForKey(ctx, op.Claims[0].Key)
+		if err != nil {
+			return err
+		}
+		if addr := node.Options().Addr; !loaded[addr] {
+			if err := node.FunctionLoadReplace(ctx, s.library).Err(); err != nil {
+				return err
+			}
+			loaded[addr] = true
+		}
+	}
+	return nil
+}
+
+// runScripts runs ops by EVALSHA, and by EVAL those that find the script
+// cache empty.
+func (s *Script) runScripts(ctx context.Context, rdb redis.UniversalClient, ops []*Op) {
+	cmds := send(ctx, rdb, ops, s.evalsha)
+	var uncached []*Op
 	for i, cmd := range cmds {
 		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			uncached = append(uncached, i)
+			uncached = append(uncached, ops[i])
 			continue
 		}
 		ops[i].finish(cmd)
@@ -229,25 +386,65 @@ func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op)
 		return
 	}
 	// NOSCRIPT means the op did not run; EVAL runs it and caches the script.
+	for i, cmd := range send(ctx, rdb, uncached, s.eval) {
+		uncached[i].finish(cmd)
+	}
+}
+
+// send sends the command call makes of each op, one alone, several in one
+// pipeline, and returns them, each with its reply or error.
+func send(ctx context.Context, rdb redis.UniversalClient, ops []*Op, call func(context.Context, *Op) *redis.Cmd) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(ops))
+	if len(ops) == 1 {
+		cmds[0] = call(ctx, ops[0])
+		_ = rdb.Process(ctx, onceCmd{cmds[0]}) // the error is in the cmd
+		return cmds
+	}
+	// Every command's error is in its Cmd; Pipelined's is the first of them.
 	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, i := range uncached {
-			cmds[i] = s.call(ctx, "eval", ops[i])
+		for i, op := range ops {
+			cmds[i] = call(ctx, op)
 			_ = p.Process(ctx, onceCmd{cmds[i]})
 		}
 		return nil
 	})
-	for _, i := range uncached {
-		ops[i].finish(cmds[i])
-	}
+	return cmds
 }
 
-// call is the EVALSHA (by the script's hash) or EVAL (with its body) of op.
-func (s *Script) call(ctx context.Context, name string, op *Op) *redis.Cmd {
-	script := s.Hash()
-	if name == "eval" {
-		script = s.source
+func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
+	if s.lean(op) {
+		return command(ctx, "fcall", s.function+"_allow", op.leanKeys(), op.leanArgs())
 	}
-	keys, args := op.keys(), op.args()
+	return command(ctx, "fcall", s.function, op.keys(), op.args())
+}
+
+func (s *Script) evalsha(ctx context.Context, op *Op) *redis.Cmd {
+	if s.lean(op) {
+		return command(ctx, "evalsha", s.allow[op.Claims[0].Algorithm.Name].Hash(), op.leanKeys(), op.leanArgs())
+	}
+	return command(ctx, "evalsha", s.Hash(), op.keys(), op.args())
+}
+
+func (s *Script) eval(ctx context.Context, op *Op) *redis.Cmd {
+	if s.lean(op) {
+		// redis.Script keeps its source unexported: it is the lean source.
+		return command(ctx, "eval", lua.Allow[op.Claims[0].Algorithm.Name], op.leanKeys(), op.leanArgs())
+	}
+	return command(ctx, "eval", s.source, op.keys(), op.args())
+}
+
+// lean tells whether op runs s's lean script of its algorithm.
+func (s *Script) lean(op *Op) bool {
+	if s.allow == nil || !op.lean() {
+		return false
+	}
+	_, ok := s.allow[op.Claims[0].Algorithm.Name]
+	return ok
+}
+
+// command is the command name (FCALL, EVALSHA or EVAL) of script with keys
+// and args.
+func command(ctx context.Context, name, script string, keys []string, args []any) *redis.Cmd {
 	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
 	cmdArgs = append(cmdArgs, name, script, len(keys))
 	for _, k := range keys {

@@ -115,10 +115,10 @@ const rescueMemory = 24 * time.Hour
 
 // Warm readies the Scheduler's path to Redis before the first task: a peek
 // at every gate opens connections to the servers that hold them and loads
-// the limiters' script there, and the wake set's script is loaded. Else the
-// first tasks pay for that while their turns run: a turn answered late is
-// used late, and on a drain of burst 1 the next one, on time, comes too
-// close after it.
+// the limiters' functions (or script) there, and the wake set's script is
+// loaded. Else the first tasks pay for that while their turns run: a turn
+// answered late is used late, and on a drain of burst 1 the next one, on
+// time, comes too close after it.
 func (s *Scheduler) Warm(ctx context.Context) error {
 	gs := s.gates.Load()
 	var errs []error

@@ -341,3 +341,82 @@ local function new_bucket(key, spans_key, p)
 
   return self
 end
+
+-- bucket_allow is allow.lua's decision (key, p, now, start, max_wait, slack as
+-- it names them) for a bucket of at most one span that starts by the
+-- instant booked: new_bucket's trim, earliest, record, room, reset_after
+-- and save for that state, without building a bucket of closures. It
+-- returns nil, having written nothing, for any other state (new_bucket
+-- decides then).
+local function bucket_allow(key, _, p, now, start, max_wait, slack)
+  local g = gcd(p.limit, p.period)
+  local per_micro, per_event = p.limit / g, p.period / g
+  local window, need = p.burst * per_event, p.n * per_event
+  local ref, blocked, count, last, s, e = 0, 0, 0, 0, 0, 0
+  local state = redis.call('GET', key)
+  if state then
+    local r, b, c, l, s1, e1 = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
+    count = tonumber(c)
+    if count > 1 then return nil end
+    ref, blocked, last = tonumber(r), tonumber(b), tonumber(l)
+    if count == 1 then s, e = tonumber(s1), tonumber(e1) end
+  end
+  -- trim
+  local x = (now - ref) * per_micro
+  if count > 0 and last <= x then count, last = 0, 0 end
+  if count == 0 then
+    ref = now
+  elseif x > REBASE_AFTER then
+    return nil
+  end
+
+  local function busy_in(from, to)
+    if count == 0 then return 0 end
+    return math.max(0, math.min(e, to) - math.max(s, from))
+  end
+  local function room(t)
+    local y = (t - ref) * per_micro
+    return floordiv(window - busy_in(y, y + window), per_event)
+  end
+  local function reset_after(t)
+    if count == 0 then return 0 end
+    return math.max(0, ceildiv(last - (t - ref) * per_micro, per_micro))
+  end
+  local function save()
+    local life = math.max(reset_after(now), blocked - now, 0)
+    local ttl = math.max(1, ceildiv(life + slack, 1000))
+    local out
+    if count == 1 then
+      out = string.format('%d %d 1 %d %d %d', ref, blocked, last, s, e)
+    else
+      out = string.format('%d %d %d %d', ref, blocked, count, last)
+    end
+    if out ~= state then redis.call('SET', key, out, 'PX', ttl) end
+  end
+
+  local from = math.max(start, blocked)
+  local at = from
+  if from - now <= max_wait then
+    local a = (from - ref) * per_micro
+    if window - busy_in(a, a + window) < need then
+      at = ref + math.max(a, ceildiv(e - window + need, per_micro) * per_micro) / per_micro
+    end
+  end
+  if at - now > max_wait then
+    local left = 0
+    if from == now then left = room(now) end
+    local reply = {0, now, at, left, at - now, math.max(from - now, reset_after(now)), ''}
+    save()
+    return reply
+  end
+  local y = (at - ref) * per_micro
+  if count == 1 and (y < s or y > e) then return nil end
+  local s0, e0 = y, y
+  if count == 1 then s0, e0 = s, e end
+  s, e, count = s0, e0 + need, 1
+  if e > last then last = e end
+  local pieces = string.format('%d %d %d', ref, e0, e)
+  local reply = {1, now, at, room(at), 0, at - now + reset_after(at), pieces}
+  save()
+  return reply
+end

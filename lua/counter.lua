@@ -4,9 +4,11 @@
 -- each run holds at most limit. Mirrors CounterState in
 -- algorithms/counter.go.
 --
--- state -> string "b i1 c1 i2 c2 ...": µs until which the key is blocked
+-- state -> string "b,i1,c1,i2,c2,...": µs until which the key is blocked
 --          (0: not), then each sub-window with events: its index
---          (time µs // (period / windows)) and its events, by index
+--          (time µs // (period / windows)) and its events, by index (read
+--          with spaces for commas too, as versions before wrote it; they
+--          read commas alike)
 -- aux   -> unused
 
 local function new_counter(key, _, p)
@@ -15,7 +17,7 @@ local function new_counter(key, _, p)
   local counts = {}
   local state = redis.call('GET', key)
   if state then
-    local v = nums(state)
+    local v = list_nums(state)
     self.blocked = v[1]
     for i = 2, #v - 1, 2 do counts[v[i]] = v[i + 1] end
   end
@@ -113,10 +115,90 @@ local function new_counter(key, _, p)
     table.sort(indexes)
     local parts = {string.format('%d', self.blocked)}
     for _, i in ipairs(indexes) do
-      parts[#parts + 1] = string.format('%d %d', i, counts[i])
+      parts[#parts + 1] = string.format('%d,%d', i, counts[i])
     end
-    redis.call('SET', key, table.concat(parts, ' '), 'PX', ttl)
+    redis.call('SET', key, table.concat(parts, ','), 'PX', ttl)
   end
 
   return self
+end
+
+-- counter_allow is allow.lua's decision (p, now, start, max_wait, slack as
+-- it names them): new_counter's trim, earliest, record, room, reset_after
+-- and save, without building a counter of closures.
+local function counter_allow(key, _, p, now, start, max_wait, slack)
+  local sub, windows, n, limit = p.period / p.windows, p.windows, p.n, p.limit
+  local blocked, counts = 0, {}
+  local state = redis.call('GET', key)
+  if state then
+    local v = list_nums(state)
+    blocked = v[1]
+    for i = 2, #v - 1, 2 do counts[v[i]] = v[i + 1] end
+  end
+  local oldest = floordiv(now, sub) - windows
+  for i in pairs(counts) do
+    if i <= oldest then counts[i] = nil end
+  end
+
+  -- As new_counter's runs.
+  local function runs(i, most)
+    local total = 0
+    for k = i - windows + 1, i do total = total + (counts[k] or 0) end
+    local largest, last_over = total, i - 1
+    for j = i, i + windows - 1 do
+      if total > most then last_over = j end
+      if total > largest then largest = total end
+      total = total + (counts[j + 1] or 0) - (counts[j + 1 - windows] or 0)
+    end
+    return largest, last_over
+  end
+  local function room(t)
+    local largest = runs(floordiv(t, sub), limit)
+    return math.max(0, limit - largest)
+  end
+  local function reset_after(t)
+    local latest = nil
+    for i in pairs(counts) do
+      if not latest or i > latest then latest = i end
+    end
+    if not latest then return 0 end
+    return math.max(0, (latest + windows) * sub - t)
+  end
+  local function save()
+    local life = math.max(reset_after(now), blocked - now, 0)
+    local indexes = {}
+    for i in pairs(counts) do indexes[#indexes + 1] = i end
+    table.sort(indexes)
+    local parts = {string.format('%d', blocked)}
+    for _, i in ipairs(indexes) do
+      parts[#parts + 1] = string.format('%d,%d', i, counts[i])
+    end
+    redis.call('SET', key, table.concat(parts, ','), 'PX', math.max(1, ceildiv(life + slack, 1000)))
+  end
+
+  local from = math.max(start, blocked)
+  local at = from
+  if from - now <= max_wait then
+    local i = floordiv(from, sub)
+    while true do
+      local _, over = runs(i, limit - n)
+      if over < i then
+        at = math.max(from, i * sub)
+        break
+      end
+      i = over + 1
+    end
+  end
+  if at - now > max_wait then
+    local left = 0
+    if from == now then left = room(now) end
+    local reply = {0, now, at, left, at - now, math.max(from - now, reset_after(now)), ''}
+    save()
+    return reply
+  end
+  local i = floordiv(at, sub)
+  counts[i] = (counts[i] or 0) + n
+  local reply = {1, now, at, room(at), 0, at - now + reset_after(at), int(at)}
+  save()
+  return reply
 end

@@ -8,7 +8,10 @@
 // a queue's fair shares, which wake.lua shares), and the
 // driver, book.lua, which runs one operation on several limits at once
 // (book, cancel, block or peek) and documents the KEYS and ARGV it takes.
-// Each constructor mirrors its Go twin in package algorithms.
+// Each constructor mirrors its Go twin in package algorithms. Allow is
+// one limit's AllowN or ReserveN per algorithm, with only that algorithm's
+// code and its quick decision (allow.lua); BookLibrary holds Book and
+// Allow as Redis 7 functions, defined once when loaded.
 package lua
 
 import (
@@ -19,8 +22,32 @@ import (
 //go:embed *.lua
 var files embed.FS
 
+// bookParts are the pieces of Book before its driver.
+var bookParts = []string{"common.lua", "counter.lua", "sliding_log.lua", "bucket.lua", "fair.lua"}
+
 // Book runs an operation on the limits of one cluster slot (see book.lua).
-var Book = join("common.lua", "counter.lua", "sliding_log.lua", "bucket.lua", "fair.lua", "book.lua")
+var Book = join(append(bookParts, "book.lua")...)
+
+// BookLibrary is Book as a Redis 7 function library named name whose one
+// function, also name, runs Book with the same KEYS and ARGV: loaded once
+// (FUNCTION LOAD), its functions are defined once, where EVAL and EVALSHA
+// define every function of the script again on every call. Scripts read
+// KEYS and ARGV as globals, which a function may not: the library holds
+// them as locals, set by each call.
+//
+// Its second function, name + "_allow", runs Allow's script of the
+// algorithm its ARGV[2] names.
+func BookLibrary(name string) string {
+	return "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) +
+		"local function book()\n" + join("book.lua") + "end\n" +
+		"local function allow(new_limit, fast_limit)\n" + join("allow.lua") + "end\n" +
+		"local allow_constructors = {fixed_window = new_counter, sliding_counter = new_counter,\n" +
+		"  sliding_log = new_sliding_log, token_bucket = new_bucket, leaky_bucket = new_bucket}\n" +
+		"local allow_fast = {token_bucket = bucket_allow, leaky_bucket = bucket_allow,\n" +
+		"  fixed_window = counter_allow, sliding_counter = counter_allow, sliding_log = sliding_log_allow}\n" +
+		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
+		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n"
+}
 
 // Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
 var Semaphore = join("common.lua", "semaphore.lua")
@@ -32,6 +59,20 @@ var Wake = join("common.lua", "fair.lua", "wake.lua")
 // Ready moves tasks back from waiting to the head of their queue (see
 // ready.lua).
 var Ready = join("ready.lua")
+
+// Allow is the script of one limit's AllowN or ReserveN (see allow.lua)
+// for each algorithm, holding only that algorithm's code.
+var Allow = map[string]string{
+	"fixed_window":    allowOf("new_counter", "counter_allow", "counter.lua"),
+	"sliding_counter": allowOf("new_counter", "counter_allow", "counter.lua"),
+	"sliding_log":     allowOf("new_sliding_log", "sliding_log_allow", "sliding_log.lua"),
+	"token_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
+	"leaky_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
+}
+
+func allowOf(constructor, fast, file string) string {
+	return join("common.lua", file) + "local new_limit, fast_limit = " + constructor + ", " + fast + "\n" + join("allow.lua")
+}
 
 func join(names ...string) string {
 	var s string

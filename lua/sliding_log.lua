@@ -185,3 +185,62 @@ local function new_sliding_log(key, block_key, p)
 
   return self
 end
+
+-- sliding_log_allow is allow.lua's decision (p, now, start, max_wait,
+-- slack as it names them) for a log with no event after the instant
+-- asked about (no turn booked ahead): new_sliding_log's trim, earliest,
+-- record, room, reset_after and save for that log, with the fewest
+-- commands and without building a log of closures. It returns nil, having
+-- written nothing but the trim new_sliding_log makes too, for any other
+-- log (new_sliding_log decides then).
+local function sliding_log_allow(key, block_key, p, now, start, max_wait, slack)
+  local period, n, most = p.period, p.n, p.limit - p.n
+  local blocked = tonumber(redis.call('GET', block_key)) or 0
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
+  local from = math.max(start, blocked)
+  local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  if newest and newest > from then return nil end
+  -- Events in the window that ends at x: with none after x, the window
+  -- ending at x is the fullest of those that hold x.
+  local function count_at(x)
+    return redis.call('ZCOUNT', key, '(' .. int(x - period), int(x))
+  end
+  local function save(reset)
+    local ttl = math.max(1, ceildiv(math.max(reset, blocked - now, 0) + slack, 1000))
+    redis.call('PEXPIRE', key, ttl)
+    if blocked > 0 then redis.call('SET', block_key, int(blocked), 'PX', ttl) end
+  end
+  local reset_now = 0
+  if newest then reset_now = math.max(0, newest + period - now) end
+
+  local at, count = from, nil
+  if from - now <= max_wait then
+    count = count_at(from)
+    if count > most then
+      local kth = redis.call('ZRANGEBYSCORE', key, '(' .. int(from - period), '+inf', 'WITHSCORES', 'LIMIT', count - most - 1, 1)
+      at = tonumber(kth[2]) + period
+    end
+  end
+  if at - now > max_wait then
+    local left = 0
+    if from == now then left = math.max(0, p.limit - (count or count_at(now))) end
+    local reply = {0, now, at, left, at - now, math.max(from - now, reset_now), ''}
+    save(reset_now)
+    return reply
+  end
+  -- As new_sliding_log's record.
+  local seq, added = redis.call('ZCARD', key), 0
+  while added < n do
+    local args = {}
+    for _ = 1, math.min(n - added, 100) do
+      seq = seq + 1
+      args[#args + 1] = int(at)
+      args[#args + 1] = int(at) .. ':' .. seq
+    end
+    added = added + redis.call('ZADD', key, 'NX', unpack(args))
+  end
+  if at ~= from then count = count_at(at) else count = count + n end
+  local reply = {1, now, at, math.max(0, p.limit - count), 0, at - now + period, int(at)}
+  save(math.max(0, at + period - now))
+  return reply
+end

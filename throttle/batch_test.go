@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 )
@@ -35,7 +36,7 @@ func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if strings.HasPrefix(cmd.Name(), "eval") {
+		if scriptCall(cmd.Name()) {
 			// Not a sync.Once: its other callers would wait for the held one.
 			if g.holding.CompareAndSwap(false, true) {
 				close(g.held)
@@ -53,7 +54,7 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 			names[i] = c.Name()
 		}
 		// go-redis sends CLIENT SETINFO on new connections in pipelines.
-		if !strings.HasPrefix(names[0], "eval") {
+		if !scriptCall(names[0]) {
 			return next(ctx, cmds)
 		}
 		g.mu.Lock()
@@ -66,6 +67,12 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// scriptCall tells whether a command is a limiter's call: a function's or
+// a script's.
+func scriptCall(name string) bool {
+	return name == "fcall" || strings.HasPrefix(name, "eval")
 }
 
 func (g *gate) sent() [][]string {
@@ -193,36 +200,53 @@ func TestCallsWaitingShareOnePipeline(t *testing.T) {
 	}
 }
 
-// A pipeline that finds the script cache flushed runs its calls again with
-// the script's body: no decision fails. On a server of its own: on the
-// shared ones, another package's tests could cache the script again between
-// the flush and the pipeline.
+// A pipeline that finds the script cache flushed (or, where it runs as a
+// function, the functions) runs its calls again once the script or the
+// function is back: no decision fails. On a server of its own: on the
+// shared ones, another package's tests could load them again between the
+// flush and the pipeline.
 func TestPipelineAfterScriptFlush(t *testing.T) {
-	srv := redistest.StartServer(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { rdb.Close() })
-	g := newGate()
-	rdb.AddHook(g)
-	lim := gatedLimiter(t, rdb, 1)
-	first, rest := holdFirst(t, g, lim, 10)
-	// The first call, run alone, brings the script back to the cache; the
-	// flush must come after it, just before the pipeline.
-	flusher := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	t.Cleanup(func() { flusher.Close() })
-	g.mu.Lock()
-	g.beforeFirst = func() {
-		if err := flusher.ScriptFlush(context.Background()).Err(); err != nil {
-			t.Errorf("SCRIPT FLUSH: %v", err)
-		}
-	}
-	g.mu.Unlock()
-	close(g.release)
-	if got := <-first + <-rest; got != 11 {
-		t.Errorf("admitted %d of 11 calls, want all", got)
-	}
-	want := [][]string{slices.Repeat([]string{"evalsha"}, 10), slices.Repeat([]string{"eval"}, 10)}
-	if sent := g.sent(); !slices.EqualFunc(sent, want, slices.Equal) {
-		t.Errorf("pipelines sent: %v, want %v", sent, want)
+	for _, tc := range []struct {
+		desc    string
+		scripts bool // run as scripts (EVALSHA), as on Redis 6
+		flush   func(ctx context.Context, rdb *redis.Client) error
+		want    [][]string
+	}{
+		{"scripts", true, func(ctx context.Context, rdb *redis.Client) error { return rdb.ScriptFlush(ctx).Err() },
+			[][]string{slices.Repeat([]string{"evalsha"}, 10), slices.Repeat([]string{"eval"}, 10)}},
+		{"functions", false, func(ctx context.Context, rdb *redis.Client) error { return rdb.FunctionFlush(ctx).Err() },
+			[][]string{slices.Repeat([]string{"fcall"}, 10), slices.Repeat([]string{"fcall"}, 10)}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			srv := redistest.StartServer(t)
+			rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { rdb.Close() })
+			if tc.scripts {
+				algorithms.BookScript.ScriptsOnly(rdb)
+			}
+			g := newGate()
+			rdb.AddHook(g)
+			lim := gatedLimiter(t, rdb, 1)
+			first, rest := holdFirst(t, g, lim, 10)
+			// The first call, run alone, brings the script or function
+			// back; the flush must come after it, just before the pipeline.
+			flusher := redis.NewClient(&redis.Options{Addr: srv.Addr})
+			t.Cleanup(func() { flusher.Close() })
+			g.mu.Lock()
+			g.beforeFirst = func() {
+				if err := tc.flush(context.Background(), flusher); err != nil {
+					t.Errorf("flush: %v", err)
+				}
+			}
+			g.mu.Unlock()
+			close(g.release)
+			if got := <-first + <-rest; got != 11 {
+				t.Errorf("admitted %d of 11 calls, want all", got)
+			}
+			if sent := g.sent(); !slices.EqualFunc(sent, tc.want, slices.Equal) {
+				t.Errorf("pipelines sent: %v, want %v", sent, tc.want)
+			}
+		})
 	}
 }
 

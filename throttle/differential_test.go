@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,21 +40,30 @@ func capacityOf(spec throttle.Spec) int {
 	return spec.Limit
 }
 
-// flushScripts empties the script cache of every server rdb talks to.
+// flushScripts empties the script cache and the functions of every server
+// rdb talks to.
 func flushScripts(ctx context.Context, rdb redis.UniversalClient) error {
-	if c, ok := rdb.(*redis.ClusterClient); ok {
-		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			return m.ScriptFlush(ctx).Err()
-		})
+	flush := func(ctx context.Context, c *redis.Client) error {
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			return err
+		}
+		err := c.FunctionFlush(ctx).Err()
+		if err != nil && strings.Contains(err.Error(), "unknown command") {
+			return nil // miniredis: no functions to flush
+		}
+		return err
 	}
-	return rdb.ScriptFlush(ctx).Err()
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, flush)
+	}
+	return flush(ctx, rdb.(*redis.Client))
 }
 
 // TestRedisMatchesLocal runs seeded random timelines through a Redis engine
 // and the local engine side by side: every decision and reservation must be
 // the same. The timelines mix AllowN, ReserveAfter, Cancel, Block and Peek on several keys,
 // with costs up to the capacity, instants that repeat, and a clock that
-// sometimes steps back. Every 50 calls the Redis script cache is flushed,
+// sometimes steps back. Every 50 calls the Redis script cache and functions are flushed,
 // which must cost no decision. The events admitted, reserved and not
 // cancelled must never exceed the limit (conforms).
 func TestRedisMatchesLocal(t *testing.T) {

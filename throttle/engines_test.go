@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
@@ -26,6 +27,11 @@ type engine struct {
 func engines(t *testing.T) []engine {
 	t.Helper()
 	standalone, cluster := redistest.Client(t), redistest.Cluster(t)
+	// Where the server has functions (Redis 7), the scripts run as one:
+	// this client runs them as scripts (EVALSHA), as on Redis 6 and
+	// miniredis, so that both paths meet every test.
+	scripts := redistest.Client(t)
+	algorithms.BookScript.ScriptsOnly(scripts)
 	// Each test has its own key prefix on the shared servers.
 	prefixed := func(rdb redis.UniversalClient) func(throttle.Spec, ...throttle.Option) (throttle.Limiter, error) {
 		prefix := redistest.Prefix(t)
@@ -37,6 +43,7 @@ func engines(t *testing.T) []engine {
 	return []engine{
 		{name: "local", new: throttle.NewLocal},
 		{name: "redis", rdb: standalone, new: prefixed(standalone)},
+		{name: "redis-evalsha", rdb: scripts, new: prefixed(scripts)},
 		{name: "cluster", rdb: cluster, new: prefixed(cluster)},
 	}
 }

@@ -46,6 +46,7 @@ type section struct {
 
 var sections = []section{
 	{"throttle", runThrottle},
+	{"callgrind", runCallgrind},
 	{"worker", runWorker},
 	{"keyed", runKeyed},
 	{"enqueue", runEnqueue},
@@ -208,8 +209,8 @@ func grouped(x float64) string {
 	return message.NewPrinter(language.English).Sprintf("%d", int64(math.Round(x)))
 }
 
-// recorder is a go-redis hook that keeps the last script call (EVALSHA or
-// EVAL) its client sent, so that a section can replay or inspect exactly
+// recorder is a go-redis hook that keeps the last script call (FCALL,
+// EVALSHA or EVAL) its client sent, so that a section can replay or inspect exactly
 // what a library sends instead of restating the library's calling
 // convention.
 type recorder struct{ last []any }
@@ -222,7 +223,7 @@ func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 
 func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if name := cmd.Name(); name == "fcall" || name == "evalsha" || name == "eval" {
 			r.last = cmd.Args()
 		}
 		return next(ctx, cmd)
@@ -236,7 +237,7 @@ func (r *recorder) lastScriptCall() (words []string, key string, err error) {
 		words = append(words, fmt.Sprint(arg))
 	}
 	if len(words) < 4 {
-		return nil, "", fmt.Errorf("the last script call sent was %q, want EVALSHA or EVAL with a key", words)
+		return nil, "", fmt.Errorf("the last script call sent was %q, want FCALL, EVALSHA or EVAL with a key", words)
 	}
 	return words, words[3], nil
 }

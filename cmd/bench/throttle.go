@@ -130,7 +130,8 @@ func goMeasurements(ctx context.Context, b *bench) ([]measurement, map[string]*t
 }
 
 // serverSideMeasurements returns, per algorithm, a measurement that has
-// redis-benchmark send the very EVALSHA that AllowN(ctx, key, 1) sends, on
+// redis-benchmark send the very call (FCALL where the server has functions,
+// EVALSHA where not) that AllowN(ctx, key, 1) sends, on
 // keys picked at random: that costs the server what a Go caller costs it and
 // the client very little, so its rate is near the most this server can do
 // with the script. redis_rate has none: it does not export its script.
@@ -138,7 +139,8 @@ func serverSideMeasurements(ctx context.Context, b *bench) ([]measurement, error
 	rdb, rec := b.recordingClient()
 	defer rdb.Close()
 	var measurements []measurement
-	// Loaded, so that AllowN sends EVALSHA and not the EVAL it falls back to.
+	// Loaded, so that AllowN sends EVALSHA and not the EVAL it falls back to
+	// (where the server has functions, AllowN's first call loads them).
 	if err := algorithms.BookScript.Load(ctx, rdb); err != nil {
 		return nil, fmt.Errorf("SCRIPT LOAD: %w", err)
 	}
@@ -261,7 +263,7 @@ func printThrottle(b *bench, rates map[string]float64, admitted map[string]*tall
 		throttleConcurrency, throttleConcurrency, b.duration, grouped(throttleKeys), grouped(throttleKeys))
 	fmt.Fprintf(w, "Each algorithm runs twice from Go: as `throttle.New` makes it, where calls that find 4 round trips out wait and share the next one as a pipeline (see `WithPipelining`), "+
 		"and with `WithPipelining(0)`, one round trip per call, as redis_rate does it. The second is the script against redis_rate's script; the first is what a caller gets.\n\n")
-	fmt.Fprintf(w, "redis-benchmark: the very `EVALSHA` that `AllowN(ctx, key, 1)` sends (recorded from go-redis; Redis TIME), from %d connections on %s random keys, for about %v. "+
+	fmt.Fprintf(w, "redis-benchmark: the very call that `AllowN(ctx, key, 1)` sends (`FCALL` on Redis 7, `EVALSHA` before) (recorded from go-redis; Redis TIME), from %d connections on %s random keys, for about %v. "+
 		"It is a lean C client, so its rate is near what the server can do with that script, and Go, WithPipelining(0) / redis-benchmark is what the Go side keeps of it; "+
 		"both clients share the CPUs with the server (see above). redis_rate keeps its script unexported, so it has no redis-benchmark figure.\n\n",
 		throttleConcurrency, grouped(throttleKeys), b.duration)
