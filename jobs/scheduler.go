@@ -99,7 +99,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:       log,
 		worker:    asynqHost() + ":" + strconv.Itoa(os.Getpid()),
 		fleet:     newFleetSize(queues),
-		clock:     schedClock{Clock: systemClock{}},
+		clock:     schedClock{Clock: throttle.SystemClock{}},
 		slotLease: slotLease,
 	}
 	for _, opt := range opts {
