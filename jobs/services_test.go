@@ -1,0 +1,71 @@
+package jobs
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
+)
+
+// TestRunAwaitsItsServices: Run returns only once every service it started
+// has returned, and the work of a config change made while it ran (the
+// rebooking) with them: at the moment it returns, no goroutine runs any of
+// them, so the Scheduler may be closed.
+func TestRunAwaitsItsServices(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	quota := redistest.Queue(t, "api")
+	cfgOf := func(limit int) Config {
+		return Config{
+			Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Limit: 50, Period: time.Second}}},
+			Quotas: map[string]LimitConfig{quota: {Limit: limit, Period: time.Second}},
+			Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+		}
+	}
+	s := newScheduler(t, redistest.Client(t), cfgOf(10))
+	ctx, cancel := context.WithCancel(context.Background())
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		s.Run(ctx)
+	}()
+	services := []string{"(*waker).run", "(*blockBoard).takeBlocks", "(*orphanRescue).run", "(*rateRecorder).run", "(*fleetSize).run"}
+	testkit.WaitFor(t, 5*time.Second, "every service to run", func() bool {
+		stacks := allStacks()
+		for _, svc := range services {
+			if !strings.Contains(stacks, "jobs."+svc) {
+				return false
+			}
+		}
+		return true
+	})
+	if err := s.Apply(cfgOf(20)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of its context ending")
+	}
+	for _, g := range strings.Split(allStacks(), "\n\n") {
+		if strings.Contains(g, "sluice/jobs.") && !strings.Contains(g, "TestRunAwaitsItsServices") {
+			t.Errorf("a goroutine of the Scheduler still runs after Run returned:\n%s", g)
+		}
+	}
+}
+
+// allStacks is every goroutine's stack, taken at once.
+func allStacks() string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return string(buf[:n])
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
