@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
@@ -34,7 +35,7 @@ func TestRunAwaitsItsServices(t *testing.T) {
 	}()
 	services := []string{"(*waker).run", "(*blockBoard).takeBlocks", "(*orphanRescue).run", "(*rateRecorder).run", "(*fleetSize).run"}
 	testkit.WaitFor(t, 5*time.Second, "every service to run", func() bool {
-		stacks := allStacks()
+		stacks := string(stackOf(true))
 		for _, svc := range services {
 			if !strings.Contains(stacks, "jobs."+svc) {
 				return false
@@ -51,20 +52,45 @@ func TestRunAwaitsItsServices(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10s of its context ending")
 	}
-	for _, g := range strings.Split(allStacks(), "\n\n") {
-		if strings.Contains(g, "sluice/jobs.") && !strings.Contains(g, "TestRunAwaitsItsServices") {
-			t.Errorf("a goroutine of the Scheduler still runs after Run returned:\n%s", g)
-		}
+	for _, g := range ours(s) {
+		t.Errorf("a goroutine of the Scheduler still runs after Run returned:\n%s", g)
 	}
 }
 
-// allStacks is every goroutine's stack, taken at once.
-func allStacks() string {
+// ours are the stacks of the goroutines that run code of s (its services
+// show their receivers' addresses) or that this goroutine started (as its
+// cancel starts a context.AfterFunc), in package jobs; not those of other
+// tests, waiting in t.Parallel or leaving.
+func ours(s *Scheduler) []string {
+	marks := []string{}
+	for _, p := range []any{s, s.waker, s.board, s.rescuer, s.rates, s.fleet} {
+		marks = append(marks, fmt.Sprintf("(%p", p))
+	}
+	self, _, _ := strings.Cut(strings.TrimPrefix(string(stackOf(false)), "goroutine "), " ")
+	marks = append(marks, "in goroutine "+self+"\n")
+	var found []string
+	for _, g := range strings.Split(string(stackOf(true)), "\n\n") {
+		if !strings.Contains(g, "sluice/jobs.(*") || strings.HasPrefix(g, "goroutine "+self+" ") {
+			continue
+		}
+		for _, m := range marks {
+			if strings.Contains(g+"\n", m) {
+				found = append(found, g)
+				break
+			}
+		}
+	}
+	return found
+}
+
+// stackOf is the stack of this goroutine, or of every goroutine, taken at
+// once.
+func stackOf(all bool) []byte {
 	buf := make([]byte, 1<<20)
 	for {
-		n := runtime.Stack(buf, true)
+		n := runtime.Stack(buf, all)
 		if n < len(buf) {
-			return string(buf[:n])
+			return buf[:n]
 		}
 		buf = make([]byte, 2*len(buf))
 	}
