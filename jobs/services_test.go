@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -14,8 +17,9 @@ import (
 
 // TestRunAwaitsItsServices: Run returns only once every service it started
 // has returned, and the work of a config change made while it ran (the
-// rebooking) with them: at the moment it returns, no goroutine runs any of
-// them, so the Scheduler may be closed.
+// rebooking) with them, even when Redis is slow to answer what they still
+// do (the waker resigns, the rebooking claims its change): once it
+// returns, no goroutine runs any of them, so the Scheduler may be closed.
 func TestRunAwaitsItsServices(t *testing.T) {
 	queue := redistest.Queue(t, "q")
 	quota := redistest.Queue(t, "api")
@@ -26,7 +30,12 @@ func TestRunAwaitsItsServices(t *testing.T) {
 			Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
 		}
 	}
-	s := newScheduler(t, redistest.Client(t), cfgOf(10))
+	// Redis slow to answer once the test says so: what a service still
+	// does when Run is told to stop takes that long.
+	rdb := redistest.Client(t)
+	slow := &slowHook{}
+	rdb.AddHook(slow)
+	s := newScheduler(t, rdb, cfgOf(10))
 	ctx, cancel := context.WithCancel(context.Background())
 	returned := make(chan struct{})
 	go func() {
@@ -43,6 +52,7 @@ func TestRunAwaitsItsServices(t *testing.T) {
 		}
 		return true
 	})
+	slow.on.Store(true)
 	if err := s.Apply(cfgOf(20)); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +62,14 @@ func TestRunAwaitsItsServices(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return within 10s of its context ending")
 	}
-	for _, g := range ours(s) {
+	// A goroutine that has said it is done (closed a channel, called
+	// wg.Done) may still be on its way out: it is given 5ms to leave.
+	left := ours(s)
+	for i := 0; i < 5 && len(left) > 0; i++ {
+		time.Sleep(time.Millisecond)
+		left = ours(s)
+	}
+	for _, g := range left {
 		t.Errorf("a goroutine of the Scheduler still runs after Run returned:\n%s", g)
 	}
 }
@@ -93,5 +110,28 @@ func stackOf(all bool) []byte {
 			return buf[:n]
 		}
 		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// slowHook delays every command by slowAnswer once on is set.
+type slowHook struct{ on atomic.Bool }
+
+const slowAnswer = 200 * time.Millisecond
+
+func (h *slowHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.on.Load() {
+			time.Sleep(slowAnswer)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *slowHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.on.Load() {
+			time.Sleep(slowAnswer)
+		}
+		return next(ctx, cmds)
 	}
 }
