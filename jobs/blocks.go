@@ -114,8 +114,18 @@ const (
 func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
 	sub := b.rdb.Subscribe(ctx, blockChannel)
 	defer sub.Close()
-	// A read under way does not watch ctx: closing ends it.
-	defer context.AfterFunc(ctx, func() { sub.Close() })()
+	// A read under way does not watch ctx: closing ends it. Once started,
+	// the close is awaited: takeBlocks leaves nothing running.
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(closed)
+		sub.Close()
+	})
+	defer func() {
+		if !stop() {
+			<-closed
+		}
+	}()
 	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
 		return err
 	}

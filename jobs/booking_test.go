@@ -260,3 +260,33 @@ func TestBookingIDBounded(t *testing.T) {
 		t.Errorf("a booking ID of %d bytes was changed to %.40q", maxBookingID, got)
 	}
 }
+
+// TestBookLentOnManualClock: gates far from their limits lend a task a
+// turn from their pool's lease on the Scheduler's manual clock too: ready
+// at once, with no turn of its own to give back, 8 tasks on one script run
+// per gate; once the clock passes the lease's span, the next task leases
+// anew.
+func TestBookLentOnManualClock(t *testing.T) {
+	f := newBookingFixture(t, redistest.Client(t), limit("token_bucket", 100, 100, "deny"), limit("token_bucket", 200, 200, "deny"))
+	gs := f.s.gates.Load()
+	drain := gs.drains[f.queue]
+	lent := func() float64 { return testutil.ToFloat64(f.s.metrics.decisions.WithLabelValues(drain.name, "lent")) }
+	runs := func() float64 { return testutil.ToFloat64(f.s.metrics.evaluations.WithLabelValues(drain.name)) }
+	for i := range 8 {
+		b := f.book(t, fmt.Sprint("task-", i))
+		if len(b.claims) != 0 || !b.ready.Equal(f.clock.Now()) || b.askIn != 0 {
+			t.Fatalf("task %d: booking %+v, want a turn lent now (%v)", i, b, f.clock.Now().Sub(t0))
+		}
+	}
+	if n, r := lent(), runs(); n != 8 || r != 1 {
+		t.Fatalf("8 tasks: %v lent, %v script runs on the drain; want 8 lent on 1 lease", n, r)
+	}
+	f.clock.Add(time.Second) // past the span (500ms for the drain's window of 1s)
+	testkit.WaitFor(t, 5*time.Second, "the lease to end", func() bool { return f.clock.Waiting() == 0 })
+	if b := f.book(t, "after"); len(b.claims) != 0 || !b.ready.Equal(f.clock.Now()) {
+		t.Fatalf("after the span: booking %+v, want a turn lent now", b)
+	}
+	if n, r := lent(), runs(); n != 9 || r != 2 {
+		t.Fatalf("after the span: %v lent, %v script runs on the drain; want 9 lent on 2 leases (the first spent: nothing to give back)", n, r)
+	}
+}

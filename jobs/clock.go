@@ -2,19 +2,15 @@ package jobs
 
 import (
 	"strconv"
-	"time"
+
+	"github.com/sluicehq/sluice/throttle"
 )
 
-// Clock tells the Scheduler the time and wakes it after a wait. The
+// Clock tells the Scheduler the time and wakes it after a wait: the
+// throttle package's, which the gates' limiters and pools read too. The
 // system clock by default; tests inject a manual one (WithClock), and then
-// the gates' limiters read it too, instead of Redis's clock.
-type Clock interface {
-	Now() time.Time
-	// After sends the time on the channel once d has passed.
-	After(d time.Duration) <-chan time.Time
-}
-
-type systemClock struct{}
+// the limiters read it instead of Redis's clock.
+type Clock = throttle.Clock
 
 // schedClock is the clock of the Scheduler and its services, and whether
 // it was injected: an injected clock is read by the scripts too
@@ -32,9 +28,6 @@ func (c schedClock) scriptNow() string {
 	}
 	return ""
 }
-
-func (systemClock) Now() time.Time                         { return time.Now() }
-func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Option configures NewScheduler.
 type Option func(*Scheduler)

@@ -26,7 +26,7 @@ type gateSet struct {
 	typeSem  map[string]*throttle.Semaphore
 	typeKey  map[string]*keyExpr  // concurrency_key, by task type
 	fair     map[string]*fairGate // by queue
-	lend     bool                 // pools may lend turns (not on a test's clock)
+	clock    throttle.Clock       // the pools' clock: a test's, or nil for the system's
 	replaced chan struct{}        // closed when a config with other limits replaces this one
 	held     *heldTurns           // tasks holding turns of these gates in this worker
 	pools    sync.Map             // gate tags and cost -> *throttle.Pool, nil if the gates cannot lend
@@ -138,7 +138,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
-		lend: o.clock == nil, replaced: make(chan struct{}), held: newHeldTurns(), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
+		clock: o.clock, replaced: make(chan struct{}), held: newHeldTurns(), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
 	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
 	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
 		// A changed limit has a state of its own under a new version: the
@@ -324,9 +324,6 @@ func (gs *gateSet) cost(typ string) int {
 // are at most as many as the config has queue and task type pairs; with a
 // keyed gate, per key value too, and at most maxKeyedPools of those.
 func (gs *gateSet) poolOf(claims []claim, cost int) *throttle.Pool {
-	if !gs.lend {
-		return nil
-	}
 	var key strings.Builder
 	keyed := false
 	for _, c := range claims {
@@ -347,7 +344,11 @@ func (gs *gateSet) poolOf(claims []claim, cost int) *throttle.Pool {
 		for i, c := range claims {
 			poolClaims[i] = throttle.Claim{Limiter: c.lim, Key: c.key, N: cost}
 		}
-		p, err := throttle.NewPool(poolClaims, throttle.OnScriptRun(gs.countRun(claims)))
+		opts := []throttle.PoolOption{throttle.OnScriptRun(gs.countRun(claims))}
+		if gs.clock != nil {
+			opts = append(opts, throttle.PoolClock(gs.clock))
+		}
+		p, err := throttle.NewPool(poolClaims, opts...)
 		if err != nil {
 			return nil // these gates book every task
 		}

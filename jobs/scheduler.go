@@ -57,7 +57,8 @@ const (
 // the fleet fresh (fleet.go); concurrency slots are in slots.go.
 //
 // Use Middleware on the asynq.ServeMux, AsynqConfig for the asynq.Server,
-// Run in the background, and Apply to change the config live.
+// Run in the background, and Apply to change the config live; Close once
+// Run has returned (its services use the Scheduler's connections).
 type Scheduler struct {
 	rdb       redis.UniversalClient
 	client    *asynq.Client
@@ -99,7 +100,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		log:       log,
 		worker:    asynqHost() + ":" + strconv.Itoa(os.Getpid()),
 		fleet:     newFleetSize(queues),
-		clock:     schedClock{Clock: systemClock{}},
+		clock:     schedClock{Clock: throttle.SystemClock{}},
 		slotLease: slotLease,
 	}
 	for _, opt := range opts {
@@ -149,6 +150,9 @@ var ErrRestartNeeded = errors.New("jobs: the change needs a restart")
 // Apply puts cfg in force for every task that starts from now on; tasks
 // already past their gates keep their turns. A cfg with problems, or one
 // that adds or removes a queue, is refused and the one in force stays.
+// Tasks waiting in Redis for turns booked under a changed limit are
+// brought forward to book again: on Run's context, and Run returns only
+// once that is done; while Run is not running, before Apply returns.
 func (s *Scheduler) Apply(cfg Config) error {
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {

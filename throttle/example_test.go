@@ -16,6 +16,15 @@ type fixedClock struct{ t time.Time }
 
 func (c *fixedClock) Now() time.Time { return c.t }
 
+// After: the clock stands still, so only a wait of 0 or less ends.
+func (c *fixedClock) After(d time.Duration) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	if d <= 0 {
+		ch <- c.t
+	}
+	return ch
+}
+
 // try calls AllowN on one key at t0+at and prints the decision.
 func try(lim throttle.Limiter, clock *fixedClock, at time.Duration, n int) {
 	clock.t = time.Unix(1_800_000_000, 0).Add(at)

@@ -41,6 +41,7 @@ type Pool struct {
 	// called, if set, after each script run the pool makes (a lease, a
 	// give-back): what it costs Redis, for the caller's metrics.
 	called func()
+	clock  Clock // SystemClock unless injected (PoolClock)
 
 	mu        sync.Mutex
 	lease     *lease
@@ -53,8 +54,8 @@ type lease struct {
 	booking   Booking
 	k, taken  int
 	from, to  time.Time // on our clock: when its events may be taken
-	giveBack  *time.Timer
-	delivered bool // given back already
+	giveBack  func()    // stops the give-back at to, if not nil
+	delivered bool      // given back already
 }
 
 // Lease sizes.
@@ -78,6 +79,13 @@ type PoolOption func(*Pool)
 // that what lending costs can be counted.
 func OnScriptRun(f func()) PoolOption {
 	return func(p *Pool) { p.called = f }
+}
+
+// PoolClock makes a Pool read time from c, and wait on it, instead of the
+// system clock: for tests, with limiters that read c too (WithClock), so
+// that the Pool and its limiters agree on what time it is.
+func PoolClock(c Clock) PoolOption {
+	return func(p *Pool) { p.clock = c }
 }
 
 // NewPool returns a Pool for claims. A lease's events may be taken for a
@@ -124,7 +132,7 @@ func NewPool(claims []Claim, opts ...PoolOption) (*Pool, error) {
 	for _, p := range parts {
 		kept = min(kept, int(p.lim.compiled().params.Burst/100/p.n))
 	}
-	p := &Pool{claims: claims, span: micros(span), most: most, kept: kept, size: min(firstLease, most)}
+	p := &Pool{claims: claims, span: micros(span), most: most, kept: kept, size: min(firstLease, most), clock: SystemClock{}}
 	for _, opt := range opts {
 		opt(p)
 	}
@@ -146,7 +154,7 @@ const (
 func (p *Pool) Take(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := time.Now()
+	now := p.clock.Now()
 	if l := p.lease; l != nil {
 		if now.Before(l.from) {
 			return false, nil // not open yet: book alone meanwhile
@@ -182,9 +190,9 @@ func (p *Pool) book(ctx context.Context) (*lease, error) {
 	// Booked span ahead of the limiters' now, exactly: events may then be
 	// taken from now on (see the Pool doc). A limit that cannot give that
 	// instant is busy: no lease.
-	asked := time.Now()
+	asked := p.clock.Now()
 	bk, err := book(ctx, claims, p.span)
-	answered := time.Now()
+	answered := p.clock.Now()
 	p.ran()
 	if err != nil {
 		return nil, err
@@ -219,15 +227,34 @@ func (p *Pool) book(ctx context.Context) (*lease, error) {
 		p.rest(answered)
 		return nil, nil
 	}
-	l.giveBack = time.AfterFunc(time.Until(l.to), func() {
+	l.giveBack = p.after(l.to.Sub(p.clock.Now()), func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.lease == l {
-			p.sizeAfter(l, time.Now())
+			p.sizeAfter(l, p.clock.Now())
 		}
 		p.end(context.Background(), l)
 	})
 	return l, nil
+}
+
+// after calls f once d has passed on the pool's clock, unless the
+// function it returns is called first. On the system clock it is a timer;
+// an injected clock has none, so a goroutine waits on it.
+func (p *Pool) after(d time.Duration, f func()) (stop func()) {
+	if _, system := p.clock.(SystemClock); system {
+		t := time.AfterFunc(d, f)
+		return func() { t.Stop() }
+	}
+	stopped := make(chan struct{})
+	go func() {
+		select {
+		case <-p.clock.After(d):
+			f()
+		case <-stopped:
+		}
+	}()
+	return func() { close(stopped) }
 }
 
 // sizeAfter sizes the next lease to what l served: twice as large when it
@@ -257,7 +284,7 @@ func (p *Pool) end(ctx context.Context, l *lease) {
 	}
 	l.delivered = true
 	if l.giveBack != nil {
-		l.giveBack.Stop()
+		l.giveBack()
 	}
 	// A few events are not worth a round trip: they stay counted, under-use
 	// of at most a tenth of a lease or a hundredth of a bucket's burst.

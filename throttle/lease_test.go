@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -287,4 +288,68 @@ func TestPoolSpansRoomyWindow(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("%d takes admitted, %d script runs of the pool", len(taken), runs.Load())
+}
+
+// TestPoolOnManualClock: a Pool and its limiter on one clock that the test
+// moves by hand lend as on the system's: a lease serves 8 takes with one
+// script run, is spent and followed by a twice larger one; its span ends
+// when the clock passes it, not when the wall clock does (the next take
+// leases anew), and its unused takes are given back then.
+func TestPoolOnManualClock(t *testing.T) {
+	clock := testkit.NewClock(time.Unix(1_800_000_000, 0))
+	rdb := redistest.Client(t)
+	hook := &countingHook{}
+	rdb.AddHook(hook)
+	// A window of 1s: a span of 500ms, leases of up to 50 takes.
+	lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 100, Period: time.Second, Burst: 100},
+		throttle.WithPrefix(redistest.Prefix(t)), throttle.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	pool, err := throttle.NewPool([]throttle.Claim{{Limiter: lim, Key: "k", N: 1}},
+		throttle.OnScriptRun(func() { runs.Add(1) }), throttle.PoolClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	take := func(want bool) {
+		t.Helper()
+		if ok, err := pool.Take(context.Background()); ok != want || err != nil {
+			t.Fatalf("Take at %v = %v, %v; want %v", clock.Now(), ok, err, want)
+		}
+	}
+	for range 8 {
+		take(true)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("8 takes made %d script runs, want 1 lease", n)
+	}
+	take(true) // the first lease is spent: the next is of 16
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("the 9th take made %d script runs in all, want 2 leases", n)
+	}
+	// The wall clock runs past the span; the pool's clock does not.
+	time.Sleep(600 * time.Millisecond)
+	take(true)
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("a take within the span on the pool's clock made %d script runs in all, want still 2", n)
+	}
+	if clock.Waiting() == 0 {
+		t.Fatal("no give-back waits on the pool's clock")
+	}
+	// Past the span on the pool's clock: the 14 unused takes are given
+	// back, once.
+	clock.Add(600 * time.Millisecond)
+	testkit.WaitFor(t, 5*time.Second, "the unused takes to be given back", func() bool { return runs.Load() == 3 })
+	hook.mu.Lock()
+	cancels := hook.cancels
+	hook.mu.Unlock()
+	if cancels != 1 {
+		t.Fatalf("%d give-backs, want 1", cancels)
+	}
+	take(true) // a new lease
+	if n := runs.Load(); n != 4 {
+		t.Fatalf("a take after the span made %d script runs in all, want 4 (2 leases, a give-back, a lease)", n)
+	}
 }

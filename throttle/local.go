@@ -12,10 +12,6 @@ import (
 	"github.com/sluicehq/sluice/algorithms"
 )
 
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
 // localShards spreads keys over several locks so that callers on different
 // keys rarely wait for each other.
 const localShards = 32
@@ -93,7 +89,7 @@ func newLocal(c compiled, clock Clock) *localLimiter {
 	l := &localLimiter{base: base{spec: c}, clock: clock, seed: maphash.MakeSeed()}
 	l.base.self = l
 	if l.clock == nil {
-		l.clock = systemClock{}
+		l.clock = SystemClock{}
 	} else {
 		l.slack = injectedClockSlack.Microseconds()
 	}

@@ -82,9 +82,25 @@ type Limiter interface {
 	AllowN(ctx context.Context, key string, n int) (Decision, error)
 }
 
-// Clock tells the time. By default the Redis engine uses Redis's clock and
-// the local engine the system clock; tests inject their own with WithClock.
-type Clock interface{ Now() time.Time }
+// Clock tells the time and wakes its reader after a wait: the one clock of
+// the limiters, their Pools and the jobs package's Scheduler. By default
+// the Redis engine uses Redis's clock and the local engine and Pools the
+// system clock (SystemClock); tests inject one they move by hand (WithClock,
+// PoolClock), whose waits end when they move it past them.
+type Clock interface {
+	Now() time.Time
+	// After sends the time on the channel once d has passed.
+	After(d time.Duration) <-chan time.Time
+}
+
+// SystemClock is the system's clock: time.Now and time.After.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// After returns time.After(d).
+func (SystemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // Errors for bad input, wrapped with a message that names the field at fault.
 var (
