@@ -40,7 +40,7 @@ func book(t *testing.T, claims []throttle.Claim, notBefore time.Time, maxWait ti
 func TestTurnsInAnyOrder(t *testing.T) {
 	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
 		lim, _ := fivePerSecondOn(t, e, a)
-		r := lim.(throttle.Reserver)
+		r := lim
 		ctx := context.Background()
 		far, err := r.ReserveAfter(ctx, "k", 1, t0.Add(2*time.Second), 3*time.Second)
 		if err != nil || !far.OK || !far.At.Equal(t0.Add(2*time.Second)) {
@@ -62,8 +62,7 @@ func TestTurnsInAnyOrder(t *testing.T) {
 func TestLeakyBucketFillsGaps(t *testing.T) {
 	for _, e := range engines(t) {
 		t.Run(e.name, func(t *testing.T) {
-			lim, _ := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 5, Period: time.Second, Burst: 1})
-			r := lim.(throttle.Reserver)
+			r, _ := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 5, Period: time.Second, Burst: 1})
 			ctx := context.Background()
 			for _, c := range []struct {
 				notBefore, want time.Duration
@@ -91,8 +90,7 @@ func TestLeakyBucketFillsGaps(t *testing.T) {
 func TestCancelAnyTurn(t *testing.T) {
 	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
 		spec := throttle.Spec{Algorithm: a, Limit: 1, Period: 200 * ms, Burst: 1, Windows: 1}
-		lim, _ := mustLimiter(t, e, spec)
-		r := lim.(throttle.Reserver)
+		r, _ := mustLimiter(t, e, spec)
 		ctx := context.Background()
 		var turns []throttle.Reservation
 		for range 4 {
@@ -147,7 +145,7 @@ func TestBookDrainAndQuota(t *testing.T) {
 	}
 }
 
-func mustNew(t *testing.T, e engine, spec throttle.Spec, clock *testkit.Clock, name string) throttle.Limiter {
+func mustNew(t *testing.T, e engine, spec throttle.Spec, clock *testkit.Clock, name string) throttle.Reserver {
 	t.Helper()
 	lim, err := e.new(spec, throttle.WithClock(clock), throttle.WithPrefix(fmt.Sprintf("%s:%s:", t.Name(), name)))
 	if err != nil {
@@ -165,14 +163,14 @@ func TestBookAllOrNothing(t *testing.T) {
 			drain := mustNew(t, e, drainSpec, clock, "drain")
 			quota := mustNew(t, e, quotaSpec, clock, "quota")
 			ctx := context.Background()
-			if err := quota.(throttle.Reserver).Block(ctx, "api", 3*time.Second); err != nil {
+			if err := quota.Block(ctx, "api", 3*time.Second); err != nil {
 				t.Fatal(err)
 			}
 			b := book(t, []throttle.Claim{{Limiter: drain, Key: "emails", N: 1}, {Limiter: quota, Key: "api", N: 1}}, time.Time{}, time.Second)
 			if b.OK || b.Turns[1].Delay != 3*time.Second || b.Turns[0].Delay != 0 || b.Delay < 3*time.Second {
 				t.Fatalf("Book with the quota blocked for 3s and maxWait 1s = %+v; want not OK, the quota's own wait 3s, the drain's 0", b)
 			}
-			if level, err := drain.(throttle.Reserver).Peek(ctx, "emails"); err != nil || level.Remaining != 1 {
+			if level, err := drain.Peek(ctx, "emails"); err != nil || level.Remaining != 1 {
 				t.Fatalf("drain after the refused Book: %+v, %v; want its one event still free", level, err)
 			}
 		})
@@ -195,7 +193,7 @@ func TestBookMisuse(t *testing.T) {
 			if _, err := throttle.Book(ctx, once, time.Time{}, -time.Second); !errors.Is(err, throttle.ErrMisuse) {
 				t.Errorf("Book with a negative maxWait: %v, want ErrMisuse", err)
 			}
-			if level, err := drain.(throttle.Reserver).Peek(ctx, "emails"); err != nil || level.Remaining != 1 {
+			if level, err := drain.Peek(ctx, "emails"); err != nil || level.Remaining != 1 {
 				t.Fatalf("drain after the refused Books: %+v, %v; want its one event still free", level, err)
 			}
 		})
@@ -297,7 +295,7 @@ func TestBookPolicies(t *testing.T) {
 	if _, err := throttle.Book(ctx, []throttle.Claim{{Limiter: newDead(throttle.OnRedisErrorDeny), Key: "q", N: 1}, {Limiter: live, Key: "api", N: 1}}, time.Time{}, time.Second); !errors.Is(err, throttle.ErrRedisDenied) {
 		t.Fatalf("Book with a deny claim on a dead Redis: %v, want ErrRedisDenied", err)
 	}
-	if level, _ := live.(throttle.Reserver).Peek(ctx, "api"); level.Remaining != 5 {
+	if level, _ := live.Peek(ctx, "api"); level.Remaining != 5 {
 		t.Fatalf("the live quota after a denied Book has %d left, want all 5: nothing counted", level.Remaining)
 	}
 	b := book(t, []throttle.Claim{{Limiter: newDead(throttle.OnRedisErrorAllow), Key: "q", N: 1}, {Limiter: live, Key: "api", N: 1}}, time.Time{}, time.Second)
@@ -355,7 +353,7 @@ func TestReservationText(t *testing.T) {
 	for _, e := range engines(t) {
 		t.Run(e.name, func(t *testing.T) {
 			lim, _ := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 5, Period: time.Second, Burst: 1})
-			r := lim.(throttle.Reserver)
+			r := lim
 			ctx := context.Background()
 			res, err := r.ReserveN(ctx, "k", 1, time.Second)
 			if err != nil {
@@ -477,7 +475,7 @@ func TestBookLongID(t *testing.T) {
 			if err := turn.UnmarshalText(text); err != nil {
 				t.Fatal(err)
 			}
-			if err := drain.(throttle.Reserver).Cancel(context.Background(), "q", turn); err != nil {
+			if err := drain.Cancel(context.Background(), "q", turn); err != nil {
 				t.Fatal(err)
 			}
 			if next := book(t, claims(""), time.Time{}, time.Second); !next.At.Equal(first.At) {
@@ -507,7 +505,7 @@ func TestKeptTurnAfterGap(t *testing.T) {
 				turns[id] = book(t, claims(id), time.Time{}, time.Minute)
 			}
 			// task-7's turn given back: a gap in the busy time.
-			if err := quota.(throttle.Reserver).Cancel(context.Background(), "api", turns["task-7"].Turns[0]); err != nil {
+			if err := quota.Cancel(context.Background(), "api", turns["task-7"].Turns[0]); err != nil {
 				t.Fatal(err)
 			}
 			// Past the busy time before the gap, task-15 is back for its turn.
@@ -534,11 +532,11 @@ func TestLargeStates(t *testing.T) {
 	for _, e := range engines(t) {
 		t.Run(e.name, func(t *testing.T) {
 			log, _ := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 10_000, Period: time.Minute})
-			res, err := log.(throttle.Reserver).ReserveN(ctx, "big", 9_000, time.Second)
+			res, err := log.ReserveN(ctx, "big", 9_000, time.Second)
 			if err != nil || !res.OK {
 				t.Fatalf("reserving 9,000 events: %+v, %v", res, err)
 			}
-			if err := log.(throttle.Reserver).Cancel(ctx, "big", res); err != nil {
+			if err := log.Cancel(ctx, "big", res); err != nil {
 				t.Fatalf("giving back 9,000 events: %v", err)
 			}
 			if d := allow(t, log, "big", 10_000); !d.Allowed {
@@ -549,7 +547,7 @@ func TestLargeStates(t *testing.T) {
 			}
 
 			counter, clock := mustLimiter(t, e, throttle.Spec{Algorithm: throttle.SlidingCounter, Limit: 1_000_000, Period: time.Second, Windows: 1000})
-			r := counter.(throttle.Reserver)
+			r := counter
 			sub := time.Second / 1000
 			for i := range 2000 {
 				res, err := r.ReserveAfter(ctx, "wide", 1, t0.Add(time.Duration(i)*sub), time.Hour)

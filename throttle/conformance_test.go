@@ -46,7 +46,7 @@ func run(t *testing.T, lim throttle.Limiter, clock *testkit.Clock, steps []step)
 var fivePerSecond = throttle.Spec{Limit: 5, Period: time.Second, Windows: 5}
 
 // fivePerSecondOn is mustLimiter of algorithm a at fivePerSecond.
-func fivePerSecondOn(t *testing.T, e engine, a throttle.Algorithm) (throttle.Limiter, *testkit.Clock) {
+func fivePerSecondOn(t *testing.T, e engine, a throttle.Algorithm) (throttle.Reserver, *testkit.Clock) {
 	t.Helper()
 	spec := fivePerSecond
 	spec.Algorithm = a

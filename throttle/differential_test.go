@@ -84,7 +84,7 @@ func TestRedisMatchesLocal(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					engines := []throttle.Reserver{local.(throttle.Reserver), remote.(throttle.Reserver)}
+					engines := []throttle.Reserver{local, remote}
 					keys := []string{"a", "b{c}", "user:42"}
 					// Odd seeds let the clock step back now and then. Limits hold
 					// only for a clock that does not: what was forgotten as

@@ -21,7 +21,7 @@ var t0 = time.Unix(1_800_000_000, 0)
 type engine struct {
 	name string
 	rdb  redis.UniversalClient // nil for the local engine
-	new  func(spec throttle.Spec, opts ...throttle.Option) (throttle.Limiter, error)
+	new  func(spec throttle.Spec, opts ...throttle.Option) (throttle.Reserver, error)
 }
 
 func engines(t *testing.T) []engine {
@@ -33,9 +33,9 @@ func engines(t *testing.T) []engine {
 	scripts := redistest.Client(t)
 	algorithms.BookScript.ScriptsOnly(scripts)
 	// Each test has its own key prefix on the shared servers.
-	prefixed := func(rdb redis.UniversalClient) func(throttle.Spec, ...throttle.Option) (throttle.Limiter, error) {
+	prefixed := func(rdb redis.UniversalClient) func(throttle.Spec, ...throttle.Option) (throttle.Reserver, error) {
 		prefix := redistest.Prefix(t)
-		return func(spec throttle.Spec, opts ...throttle.Option) (throttle.Limiter, error) {
+		return func(spec throttle.Spec, opts ...throttle.Option) (throttle.Reserver, error) {
 			opts = append([]throttle.Option{throttle.WithPrefix(prefix + string(spec.Algorithm) + ":")}, opts...)
 			return throttle.New(rdb, spec, opts...)
 		}
@@ -58,7 +58,7 @@ func forEach(t *testing.T, body func(t *testing.T, e engine, a throttle.Algorith
 }
 
 // mustLimiter builds a limiter on e with a manual clock set to t0.
-func mustLimiter(t *testing.T, e engine, spec throttle.Spec) (throttle.Limiter, *testkit.Clock) {
+func mustLimiter(t *testing.T, e engine, spec throttle.Spec) (throttle.Reserver, *testkit.Clock) {
 	t.Helper()
 	clock := testkit.NewClock(t0)
 	lim, err := e.new(spec, throttle.WithClock(clock))

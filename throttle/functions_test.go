@@ -89,7 +89,7 @@ func TestUserWithoutFunctions(t *testing.T) {
 	}
 }
 
-func newOn(t *testing.T, rdb redis.UniversalClient, spec throttle.Spec, clock throttle.Clock, prefix string) throttle.Limiter {
+func newOn(t *testing.T, rdb redis.UniversalClient, spec throttle.Spec, clock throttle.Clock, prefix string) throttle.Reserver {
 	t.Helper()
 	lim, err := throttle.New(rdb, spec, throttle.WithClock(clock), throttle.WithPrefix(prefix))
 	if err != nil {
@@ -112,7 +112,7 @@ func TestMiniredisBuckets(t *testing.T) {
 		t.Run(string(a), func(t *testing.T) {
 			spec := throttle.Spec{Algorithm: a, Limit: 4, Period: 100 * time.Millisecond, Burst: 3}
 			clock := testkit.NewClock(t0)
-			lim := newOn(t, rdb, spec, clock, redistest.Prefix(t)).(throttle.Reserver)
+			lim := newOn(t, rdb, spec, clock, redistest.Prefix(t))
 			local, err := throttle.NewLocal(spec, throttle.WithClock(clock))
 			if err != nil {
 				t.Fatal(err)
@@ -124,7 +124,7 @@ func TestMiniredisBuckets(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, err := local.(throttle.Reserver).ReserveN(ctx, "k", 1, 50*time.Millisecond)
+				want, err := local.ReserveN(ctx, "k", 1, 50*time.Millisecond)
 				if err != nil {
 					t.Fatal(err)
 				}

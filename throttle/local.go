@@ -58,11 +58,11 @@ var nextLocalID struct {
 	n uint64
 }
 
-// NewLocal returns a Limiter that keeps its state in this process's memory,
-// with the same decisions as New would make at the same instants. Keys are
-// forgotten once back to their initial state, as Redis expires them. It is
-// a Reserver, and Book can book it together with other local limiters.
-func NewLocal(spec Spec, opts ...Option) (Limiter, error) {
+// NewLocal returns a Reserver that keeps its state in this process's
+// memory, with the same decisions as New would make at the same instants.
+// Keys are forgotten once back to their initial state, as Redis expires
+// them. Book can book it together with other local limiters.
+func NewLocal(spec Spec, opts ...Option) (Reserver, error) {
 	c, err := compile(spec)
 	if err != nil {
 		return nil, err

@@ -40,10 +40,11 @@ type replacedLimit struct {
 
 var _ limiter = (*redisLimiter)(nil)
 
-// New returns a Limiter that keeps its state in Redis (or Redis Cluster).
-// Each decision is one atomic script run with Redis's clock, so any number
-// of processes share the limit exactly. It is a Reserver, and Book can
-// book it together with other limiters.
+// New returns a limiter that keeps its state in Redis (or Redis Cluster):
+// a Reserver, which can book turns ahead and give them back as well as
+// decide now, and which Book can book together with other limiters. Each
+// decision is one atomic script run with Redis's clock, so any number of
+// processes share the limit exactly.
 //
 // Concurrent calls share round trips (see WithPipelining). Redis errors
 // are returned as they are, unless WithOnRedisError says otherwise. A
@@ -52,7 +53,7 @@ var _ limiter = (*redisLimiter)(nil)
 // it again, whatever rdb's retry options (go-redis keeps retrying rdb's
 // other commands), and returns an error; do not retry it blindly either,
 // or it may count twice.
-func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Limiter, error) {
+func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Reserver, error) {
 	c, err := compile(spec)
 	if err != nil {
 		return nil, err

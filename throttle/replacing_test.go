@@ -32,10 +32,10 @@ func TestReplacingKeepsWhatWasUsed(t *testing.T) {
 			if d := allow(t, old, k, 1); !d.Allowed {
 				t.Fatalf("first event refused: %+v", d)
 			}
-			if r, err := old.(throttle.Reserver).ReserveAfter(ctx, k, 1, clock.Now().Add(400*time.Millisecond), time.Second); err != nil || !r.OK {
+			if r, err := old.ReserveAfter(ctx, k, 1, clock.Now().Add(400*time.Millisecond), time.Second); err != nil || !r.OK {
 				t.Fatalf("a turn 400 ms ahead: %+v, %v", r, err)
 			}
-			if err := old.(throttle.Reserver).Block(ctx, k+"blocked", 5*time.Second); err != nil {
+			if err := old.Block(ctx, k+"blocked", 5*time.Second); err != nil {
 				t.Fatal(err)
 			}
 			clock.Add(100 * time.Millisecond)
@@ -63,7 +63,7 @@ func TestReplacingKeepsWhatWasUsed(t *testing.T) {
 			}
 			want := map[throttle.Algorithm]int{throttle.SlidingLog: 9, throttle.SlidingCounter: 9, throttle.FixedWindow: 8, throttle.TokenBucket: 1, throttle.LeakyBucket: 1}[a]
 			for key, room := range map[string]int{k: want, "fresh": 10} {
-				if level, err := lim.(throttle.Reserver).Peek(ctx, key); err != nil || level.Remaining != room {
+				if level, err := lim.Peek(ctx, key); err != nil || level.Remaining != room {
 					t.Errorf("raised to 10/s: key %q has room %d (%v), want %d", key, level.Remaining, err, room)
 				}
 			}
@@ -92,7 +92,7 @@ func TestReplacingMatchesLocal(t *testing.T) {
 				for seed := uint64(1); seed <= 12; seed++ {
 					rng := rand.New(rand.NewPCG(seed, uint64(len(a))+100))
 					clock := testkit.NewClock(t0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
-					var pair [2]throttle.Limiter // local, redis
+					var pair [2]throttle.Reserver // local, redis
 					keys := []string{"a", "b{c}", "user:42", "late"}
 					for phase, spec := range []throttle.Spec{randomSpec(rng, a), randomSpec(rng, a)} {
 						localOpts := []throttle.Option{throttle.WithClock(clock)}
@@ -109,13 +109,12 @@ func TestReplacingMatchesLocal(t *testing.T) {
 						if err != nil {
 							t.Fatal(err)
 						}
-						pair = [2]throttle.Limiter{local, remote}
+						pair = [2]throttle.Reserver{local, remote}
 						for i := range 100 {
 							clock.Add(time.Duration(rng.Int64N(int64(spec.Period) / int64(spec.Limit))))
 							key, n, op := keys[rng.IntN(len(keys)-1+phase)], 1+rng.IntN(capacityOf(spec)), rng.IntN(10)
 							var got [2]string
-							for j, lim := range pair {
-								r := lim.(throttle.Reserver)
+							for j, r := range pair {
 								switch {
 								case op < 5:
 									d, err := r.AllowN(ctx, key, n)

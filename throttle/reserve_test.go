@@ -42,7 +42,7 @@ func TestReservationsQueueUp(t *testing.T) {
 			if !last.OK || last.Delay != 500*ms {
 				t.Fatalf("reservation after a refused one = %+v, want Delay 500ms: the refusal counted something", last)
 			}
-			if err := lim.(throttle.Reserver).Cancel(context.Background(), "k", last); err != nil {
+			if err := lim.Cancel(context.Background(), "k", last); err != nil {
 				t.Fatal(err)
 			}
 			if r := reserve(t, lim, 1, time.Second); !r.OK || r.Delay != 500*ms {
@@ -87,7 +87,7 @@ func TestReservationsOnEveryAlgorithm(t *testing.T) {
 func TestBlock(t *testing.T) {
 	forEach(t, func(t *testing.T, e engine, a throttle.Algorithm) {
 		lim, clock := fivePerSecondOn(t, e, a)
-		r := lim.(throttle.Reserver)
+		r := lim
 		ctx := context.Background()
 		if err := r.Block(ctx, "k", 2*time.Second); err != nil {
 			t.Fatal(err)

@@ -29,9 +29,9 @@ import (
 //     which counts nothing, how much longer an identity is banned.
 type banner struct {
 	Ban
-	maxStrikes        int
-	refusals, strikes throttle.Limiter
-	bans              throttle.Reserver
+	maxStrikes    int
+	refusals      throttle.Limiter
+	strikes, bans throttle.Reserver
 }
 
 func newBanner(rdb redis.UniversalClient, b Ban, prefix string, opts []throttle.Option) (*banner, error) {
@@ -54,7 +54,7 @@ func newBanner(rdb redis.UniversalClient, b Ban, prefix string, opts []throttle.
 	for d := b.For; d > 0 && d < b.Max; d *= 2 {
 		bn.maxStrikes++
 	}
-	newLimiter := func(field, name string, spec throttle.Spec) (throttle.Limiter, error) {
+	newLimiter := func(field, name string, spec throttle.Spec) (throttle.Reserver, error) {
 		lim, err := throttle.New(rdb, spec, append(opts, throttle.WithPrefix(prefix+"ban:"+name+":"))...)
 		if err != nil {
 			return nil, fmt.Errorf("httplimit: Ban.%s: %w", field, err)
@@ -68,11 +68,9 @@ func newBanner(rdb redis.UniversalClient, b Ban, prefix string, opts []throttle.
 	if bn.strikes, err = newLimiter("Forget", "strikes", throttle.Spec{Algorithm: throttle.LeakyBucket, Limit: 1, Period: b.Forget, Burst: bn.maxStrikes}); err != nil {
 		return nil, err
 	}
-	bans, err := newLimiter("For", "bans", throttle.Spec{Algorithm: throttle.FixedWindow, Limit: 1 << 40, Period: time.Millisecond})
-	if err != nil {
+	if bn.bans, err = newLimiter("For", "bans", throttle.Spec{Algorithm: throttle.FixedWindow, Limit: 1 << 40, Period: time.Millisecond}); err != nil {
 		return nil, err
 	}
-	bn.bans, _ = throttle.AsReserver(bans)
 	return bn, nil
 }
 
@@ -88,8 +86,7 @@ func (b *banner) check(ctx context.Context, id string) (time.Duration, error) {
 // so that a client that goes on after its ban is banned again, for longer,
 // once it has been refused After more times.
 func (b *banner) refused(ctx context.Context, id string) (time.Duration, error) {
-	counter, _ := throttle.AsReserver(b.strikes)
-	level, err := counter.Peek(ctx, id)
+	level, err := b.strikes.Peek(ctx, id)
 	if err != nil {
 		return 0, err
 	}
