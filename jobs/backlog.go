@@ -195,12 +195,12 @@ func (s *Scheduler) readLines(ctx context.Context, keys []string, now time.Time)
 // deferToLine puts a task whose booking bk was refused in line l (active:
 // a line ahead of it), or in the line of its refusing claim c from the
 // earliest turn the refusal found.
-func (s *Scheduler) deferToLine(ctx context.Context, queue, id string, l backlogLine, active bool, c claim, cost int, bk throttle.Booking) (booking, bool) {
+func (s *Scheduler) deferToLine(ctx context.Context, task taskRef, l backlogLine, active bool, c claim, cost int, bk throttle.Booking) (outcome, bool) {
 	from := int64(0)
 	if !active {
 		var ok bool
-		if l, ok = lineOf(queue, c, cost); !ok {
-			return booking{}, false
+		if l, ok = lineOf(task.queue, c, cost); !ok {
+			return nil, false
 		}
 		from = bk.At.UnixMicro()
 	}
@@ -208,8 +208,8 @@ func (s *Scheduler) deferToLine(ctx context.Context, queue, id string, l backlog
 	s.lines.mu.Lock()
 	s.lines.ahead = limitersNow - s.clock.Now().UnixMicro()
 	s.lines.mu.Unlock()
-	b, err := s.joinLine(ctx, queue, id, l, from, limitersNow)
-	return b, err == nil
+	o, err := s.joinLine(ctx, task, l, from, limitersNow)
+	return o, err == nil
 }
 
 // joinLine gives task id the next ticket of line l (not before from, if
@@ -217,7 +217,8 @@ func (s *Scheduler) deferToLine(ctx context.Context, queue, id string, l backlog
 // ticket: back then, it books a turn it waits for in the worker. A task
 // with no retry left is noted under the id of its copy instead (see
 // requeue). limitersNow is the limiters' clock now (µs).
-func (s *Scheduler) joinLine(ctx context.Context, queue, id string, l backlogLine, from, limitersNow int64) (booking, error) {
+func (s *Scheduler) joinLine(ctx context.Context, task taskRef, l backlogLine, from, limitersNow int64) (outcome, error) {
+	queue := task.queue
 	pipe := s.rdb.Pipeline()
 	if from > 0 {
 		pipe.ZAddGT(ctx, l.key, redis.Z{Score: float64(from), Member: lineTail})
@@ -227,7 +228,7 @@ func (s *Scheduler) joinLine(ctx context.Context, queue, id string, l backlogLin
 	pipe.PExpire(ctx, l.key, time.Duration(max(from, limitersNow)+l.interval-limitersNow)*time.Microsecond+lineLife)
 	if _, err := pipe.Exec(ctx); err != nil {
 		s.log.Warn("cannot take a place in a backlog line; the task asks again in a second", "queue", queue, "gate", l.gate, "err", err)
-		return booking{}, err
+		return nil, err
 	}
 	tail := int64(next.Val())
 	s.lines.note(l.key, tail, s.clock.Now())
@@ -241,14 +242,14 @@ func (s *Scheduler) joinLine(ctx context.Context, queue, id string, l backlogLin
 	pipe.ZAddGT(ctx, queueLines(queue), redis.Z{Score: float64(tail), Member: lineTail})
 	pipe.ExpireNX(ctx, queueLines(queue), life)
 	pipe.ExpireGT(ctx, queueLines(queue), life)
-	if exhausted(ctx) {
+	if task.exhausted {
 		// Back as a copy, under another id: it books.
 		_, _ = pipe.Exec(ctx)
-		return booking{askIn: wait}, nil
+		return askAgainIn{wait}, nil
 	}
-	pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(due), Member: id})
+	pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(due), Member: task.id})
 	if _, err := pipe.Exec(ctx); err != nil {
-		s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
+		s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", task.id, "err", err)
 	}
-	return booking{askIn: wait, noted: true}, nil
+	return notedIn{wait}, nil
 }

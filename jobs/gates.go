@@ -110,6 +110,10 @@ type gate struct {
 	expr *keyExpr
 	// overrides are the key values with a limit of their own (keyed).
 	overrides map[string]*gate
+	// fair: the gate is a queue's fair share (fairGate.share): it has no
+	// limit of its own, and its claim is booked and counted with the
+	// drain's.
+	fair bool
 }
 
 // claim is a gate's limiter and key for one task.
