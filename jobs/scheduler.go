@@ -287,7 +287,7 @@ booking:
 	if until := s.blockedUntil(gs, queue, id, t); s.clock.Now().Before(until) {
 		return s.waitInRedis(ctx, task, askAgainIn{until.Sub(s.clock.Now())})
 	}
-	slots, retryIn := s.takeSlots(ctx, gs, queue, t)
+	slots, retryIn := s.takeSlots(ctx, gs, task)
 	if slots == nil {
 		return s.waitInRedis(ctx, task, askAgainIn{retryIn})
 	}

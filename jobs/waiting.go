@@ -124,7 +124,7 @@ func (s *Scheduler) giveBackStale(ctx context.Context, gs *gateSet, tk *taken) {
 	}
 }
 
-// holdsUpTo is the longest wait a task of queue would hold for in this
+// holdsUpTo is the longest wait task would hold for in this
 // worker now (see hold); one that must wait longer goes back to Redis.
 func (s *Scheduler) holdsUpTo(ctx context.Context, gs *gateSet, task taskRef) time.Duration {
 	if s.holdingOf(task.queue).Load() >= holdRoom(gs) {
