@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -21,6 +24,29 @@ import (
 // their turn, so only those delayed that long book again; and a task back
 // late is taken before the queue's backlog (see ready), so it is rare.
 const lateTolerance = 0
+
+// booker books tasks' turns on their gates, the first step of a task's
+// path (book). It needs the limits' Redis, and nothing of asynq's but the
+// task. A Scheduler has one; tests build one alone (newBooker).
+type booker struct {
+	rdb     redis.UniversalClient
+	metrics *Metrics
+	log     *slog.Logger
+	clock   schedClock
+	lines   lineViews // the backlog lines' tails, as last read (backlog.go)
+	holding sync.Map  // queue -> *atomic.Int64: tasks waiting in this worker (see hold)
+	// logGate: a Redis failure is logged once every 10 seconds per queue.
+	logGate throttle.Limiter
+	// keyLogGate: a failed key expression is logged once a minute per limit.
+	keyLogGate throttle.Limiter
+}
+
+func newBooker(rdb redis.UniversalClient, m *Metrics, log *slog.Logger, clock schedClock) *booker {
+	b := &booker{rdb: rdb, metrics: m, log: log, clock: clock}
+	b.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
+	b.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
+	return b
+}
 
 // bookedTurns are a task's turns on its rate gates: one per claim, given
 // back if the task will not use them (Scheduler.giveBack).
@@ -120,7 +146,7 @@ const maxBookingID = 1024
 // tasks of gates far from their limits are lent a turn instead (lent).
 // What the gates decided is the outcome; letOut: the task was let out of
 // its key's line, and books whatever this worker saw of its key.
-func (s *Scheduler) book(ctx context.Context, gs *gateSet, task taskRef, letOut bool) (outcome, error) {
+func (b *booker) book(ctx context.Context, gs *gateSet, task taskRef, letOut bool) (outcome, error) {
 	r := gs.routeOf(task.queue, task.t.Type())
 	if len(r.gates) == 0 {
 		return runNow{}, nil
@@ -132,37 +158,37 @@ func (s *Scheduler) book(ctx context.Context, gs *gateSet, task taskRef, letOut 
 	}
 	if r.keyed {
 		var ok bool
-		if claims, ok = s.claimsOf(r, vars); !ok {
+		if claims, ok = b.claimsOf(r, vars); !ok {
 			return askAgainIn{keyErrorWait}, nil // on_key_error: wait
 		}
 	}
-	if s.lent(ctx, gs, task, r, claims) {
+	if b.lent(ctx, gs, task, r, claims) {
 		return runNow{}, nil
 	}
-	return s.bookTurn(ctx, gs, task, letOut, r, claims, vars)
+	return b.bookTurn(ctx, gs, task, letOut, r, claims, vars)
 }
 
 // bookTurn books the task's turn on claims (and its queue's fair share):
 // book, for a task that was not lent one.
-func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut bool, r *route, claims []claim, vars *taskVars) (outcome, error) {
+func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut bool, r *route, claims []claim, vars *taskVars) (outcome, error) {
 	queue, cost := task.queue, r.cost
 	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
 	reserveMax := gs.cfg.Worker.ReserveMax
 	var line backlogLine
 	var lineAhead bool
 	if backlogs && task.fresh {
-		if line, lineAhead = s.activeLine(ctx, queue, claims, cost); lineAhead {
+		if line, lineAhead = b.activeLine(ctx, queue, claims, cost); lineAhead {
 			// A task back for its ticket (it looks fresh: waiting is no
 			// failure) books its turn, which the waker brought it back for
 			// in time to wait for here.
-			reserveMax = s.holdsUpTo(ctx, gs, task)
+			reserveMax = b.holdsUpTo(ctx, gs, task)
 		}
 	}
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {
-		spot = &lineSpot{fair: f, key: s.keyOf(f.name, f.expr, vars), booking: task.booking, cost: cost}
-		if !letOut && task.fresh && f.parkedView(spot.key, s.clock.Now()) {
-			s.metrics.decisions.WithLabelValues(f.name, "parked").Inc()
+		spot = &lineSpot{fair: f, key: b.keyOf(f.name, f.expr, vars), booking: task.booking, cost: cost}
+		if !letOut && task.fresh && f.parkedView(spot.key, b.clock.Now()) {
+			b.metrics.decisions.WithLabelValues(f.name, "parked").Inc()
 			spot.seen = true
 			return waitInLine{spot}, nil
 		}
@@ -177,7 +203,7 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, let
 	for i, c := range claims {
 		bookClaims[i] = throttle.Claim{Limiter: c.lim, Key: c.key, N: cost, ID: task.booking}
 	}
-	s.metrics.bookings.WithLabelValues(queue).Inc()
+	b.metrics.bookings.WithLabelValues(queue).Inc()
 	start := time.Now()
 	opts := []throttle.BookOption{throttle.MaxLate(lateTolerance)}
 	if !task.exhausted {
@@ -185,26 +211,26 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, let
 		// booking itself: the task goes back to Redis for it without
 		// another script run. (One with no retry left goes back as a copy,
 		// noted under the copy's id.)
-		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], task.id, requeueLead, s.holdsUpTo(ctx, gs, task)))
+		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], task.id, requeueLead, b.holdsUpTo(ctx, gs, task)))
 	}
 	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, reserveMax, opts...)
 	elapsed := time.Since(start).Seconds()
 	// The gates' own claims are counted; the fair share's goes with the
-	// drain's.
+	// drain'b.
 	gates := slices.DeleteFunc(slices.Clone(claims), func(c claim) bool { return c.g.fair })
 	for _, c := range gates {
-		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
-		s.metrics.scriptSeconds.WithLabelValues(c.g.name).Observe(elapsed)
+		b.metrics.evaluations.WithLabelValues(c.g.name).Inc()
+		b.metrics.scriptSeconds.WithLabelValues(c.g.name).Observe(elapsed)
 	}
 	if errors.Is(err, throttle.ErrRedisDenied) {
 		// The task waits in Redis, not in a slot, and asks again soon.
 		for _, c := range gates {
-			s.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
+			b.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
 			if c.g.limit.OnRedisError == OnRedisErrorDeny {
-				s.metrics.fallbacks.WithLabelValues(c.g.name, OnRedisErrorDeny).Inc()
+				b.metrics.fallbacks.WithLabelValues(c.g.name, OnRedisErrorDeny).Inc()
 			}
 		}
-		s.logRedisError(queue, err)
+		b.logRedisError(queue, err)
 		return askAgainIn{redisRetry}, nil
 	}
 	if err != nil {
@@ -213,8 +239,8 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, let
 	for i, c := range claims {
 		if c.g.fair && !bk.OK && bk.Turns[i].Delay > 0 {
 			// The key holds its share of the drain already.
-			spot.fair.refused(spot.key, s.clock.Now())
-			s.metrics.decisions.WithLabelValues(c.g.name, "parked").Inc()
+			spot.fair.refused(spot.key, b.clock.Now())
+			b.metrics.decisions.WithLabelValues(c.g.name, "parked").Inc()
 			return waitInLine{spot}, nil
 		}
 	}
@@ -222,8 +248,8 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, let
 		// The fair share's claim is let through when Redis fails: the
 		// drain's own policy is what counts.
 		if fb := bk.Turns[i].Fallback; fb != "" && c.g.limit.Limit > 0 {
-			s.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
-			s.metrics.fallbacks.WithLabelValues(c.g.name, fb).Inc()
+			b.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
+			b.metrics.fallbacks.WithLabelValues(c.g.name, fb).Inc()
 		}
 	}
 	if !bk.OK {
@@ -235,11 +261,11 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, let
 			}
 		}
 		if backlogs {
-			if o, ok := s.deferToLine(ctx, task, line, lineAhead, claims[refused], cost, bk); ok {
+			if o, ok := b.deferToLine(ctx, task, line, lineAhead, claims[refused], cost, bk); ok {
 				return o, nil
 			}
 		}
-		s.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()
+		b.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()
 		return askAgainIn{max(bk.Delay-gs.cfg.Worker.ReserveMax, 0) + time.Second}, nil
 	}
 	result := "now"
@@ -250,12 +276,12 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, let
 		result = "reserved"
 	}
 	for i, c := range claims {
-		s.metrics.decisions.WithLabelValues(c.g.name, result).Inc()
+		b.metrics.decisions.WithLabelValues(c.g.name, result).Inc()
 		if !bk.Kept && c.g.expr == nil && c.g.limit.Limit > 0 {
-			s.metrics.remaining.WithLabelValues(c.g.name).Set(float64(bk.Turns[i].Remaining))
+			b.metrics.remaining.WithLabelValues(c.g.name).Set(float64(bk.Turns[i].Remaining))
 		}
 	}
-	s.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay, "kept", bk.Kept)
+	b.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay, "kept", bk.Kept)
 	turns := bookedTurns{claims: claims, turns: bk.Turns}
 	switch {
 	case bk.Reminded:
@@ -268,17 +294,17 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, task taskRef, let
 	// The wait is the script's own, from when its answer came: no clock but
 	// Redis's is involved (the answer's way back makes it a little late,
 	// never early).
-	return turnAhead{turns: turns, ready: s.clock.Now().Add(bk.Delay), at: bk.At}, nil
+	return turnAhead{turns: turns, ready: b.clock.Now().Add(bk.Delay), at: bk.At}, nil
 }
 
 // claimsOf lists the claims a task on route r makes, in order: its
 // queue's drain, then its type's quotas; a keyed gate's claim is on the
 // task's key value. Not ok: a key failed on a limit whose on_key_error is
 // wait, and the task waits.
-func (s *Scheduler) claimsOf(r *route, vars *taskVars) ([]claim, bool) {
+func (b *booker) claimsOf(r *route, vars *taskVars) ([]claim, bool) {
 	claims := make([]claim, len(r.gates))
 	for i, g := range r.gates {
-		c, ok := s.keyedClaim(g, vars, g.limit.OnKeyError == OnKeyErrorWait)
+		c, ok := b.keyedClaim(g, vars, g.limit.OnKeyError == OnKeyErrorWait)
 		if !ok {
 			return nil, false
 		}
@@ -290,18 +316,18 @@ func (s *Scheduler) claimsOf(r *route, vars *taskVars) ([]claim, bool) {
 // claimOf is the task's claim on gate g: on its key value if g is
 // keyed, with that value's own limit if it has one; DefaultKey if its key
 // fails.
-func (s *Scheduler) claimOf(g *gate, vars *taskVars) claim {
-	c, _ := s.keyedClaim(g, vars, false)
+func (b *booker) claimOf(g *gate, vars *taskVars) claim {
+	c, _ := b.keyedClaim(g, vars, false)
 	return c
 }
 
 // keyedClaim is claimOf; with wait, a key that fails gives no claim (not
 // ok) instead of DefaultKey's.
-func (s *Scheduler) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
+func (b *booker) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
 	if g.expr == nil {
 		return claim{g: g, lim: g.lim, key: g.key}, true
 	}
-	key, ok := s.evalKey(g.name, g.expr, vars, wait)
+	key, ok := b.evalKey(g.name, g.expr, vars, wait)
 	if !ok {
 		return claim{}, false
 	}
@@ -320,30 +346,30 @@ const keyErrorWait = 30 * time.Second
 // keyOf is the task's key value for the limit named gate: what expr gives,
 // or DefaultKey if it fails (counted, and logged at most once a minute per
 // limit): a task is never failed for its key.
-func (s *Scheduler) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
-	key, _ := s.evalKey(gate, expr, vars, false)
+func (b *booker) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
+	key, _ := b.evalKey(gate, expr, vars, false)
 	return key
 }
 
 // evalKey is keyOf; with wait, a key that fails is not ok (counted in
 // sluice_key_waits_total, and logged at most once a minute per limit).
-func (s *Scheduler) evalKey(gate string, expr *keyExpr, vars *taskVars, wait bool) (string, bool) {
+func (b *booker) evalKey(gate string, expr *keyExpr, vars *taskVars, wait bool) (string, bool) {
 	key, err := expr.eval(vars)
 	if err == nil {
 		return key, true
 	}
-	logIt := func() bool { d, _ := s.keyLogGate.AllowN(context.Background(), gate, 1); return d.Allowed }
+	logIt := func() bool { d, _ := b.keyLogGate.AllowN(context.Background(), gate, 1); return d.Allowed }
 	if wait {
-		s.metrics.keyWaits.WithLabelValues(gate).Inc()
+		b.metrics.keyWaits.WithLabelValues(gate).Inc()
 		if logIt() {
-			s.log.Error("a task's key expression failed; the task waits in Redis (on_key_error: wait) and asks again later: fix the expression (a reload is in force at once) or the task's payload (further failures of this limit in the next minute are only counted)",
+			b.log.Error("a task's key expression failed; the task waits in Redis (on_key_error: wait) and asks again later: fix the expression (a reload is in force at once) or the task's payload (further failures of this limit in the next minute are only counted)",
 				"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "asks_again_in", keyErrorWait)
 		}
 		return "", false
 	}
-	s.metrics.keyFallbacks.WithLabelValues(gate).Inc()
+	b.metrics.keyFallbacks.WithLabelValues(gate).Inc()
 	if logIt() {
-		s.log.Warn("a task's key expression failed; the task takes the limit's default key (further failures of this limit in the next minute are only counted)",
+		b.log.Warn("a task's key expression failed; the task takes the limit's default key (further failures of this limit in the next minute are only counted)",
 			"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "default", DefaultKey, "on_key_error", "default (set wait to hold such tasks instead)")
 	}
 	return DefaultKey, true
@@ -358,7 +384,7 @@ func (s *Scheduler) evalKey(gate string, expr *keyExpr, vars *taskVars, wait boo
 // now (its gates near their limits, or Redis failing) leaves the task to
 // book. Queues with fairness book every task: a fair share is counted task
 // by task (their routes have no pool, and keyed gates in them do not lend).
-func (s *Scheduler) lent(ctx context.Context, gs *gateSet, task taskRef, r *route, claims []claim) bool {
+func (b *booker) lent(ctx context.Context, gs *gateSet, task taskRef, r *route, claims []claim) bool {
 	if !task.fresh {
 		return false
 	}
@@ -373,7 +399,7 @@ func (s *Scheduler) lent(ctx context.Context, gs *gateSet, task taskRef, r *rout
 		return false
 	}
 	for _, c := range claims {
-		s.metrics.decisions.WithLabelValues(c.g.name, "lent").Inc()
+		b.metrics.decisions.WithLabelValues(c.g.name, "lent").Inc()
 	}
 	// A lent turn cannot be given back alone: a task that does not use it
 	// leaves it counted (see giveBack).
@@ -382,12 +408,12 @@ func (s *Scheduler) lent(ctx context.Context, gs *gateSet, task taskRef, r *rout
 
 // giveBack gives back the turns of a task that will not use them, so that
 // another task may.
-func (s *Scheduler) giveBack(ctx context.Context, b bookedTurns) {
+func (b *booker) giveBack(ctx context.Context, held bookedTurns) {
 	ctx = context.WithoutCancel(ctx)
-	for i, c := range b.claims {
-		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
-		if err := c.lim.Cancel(ctx, c.key, b.turns[i]); err != nil {
-			s.log.Warn("cannot give back a turn; it is lost", "gate", c.g.name, "err", err)
+	for i, c := range held.claims {
+		b.metrics.evaluations.WithLabelValues(c.g.name).Inc()
+		if err := c.lim.Cancel(ctx, c.key, held.turns[i]); err != nil {
+			b.log.Warn("cannot give back a turn; it is lost", "gate", c.g.name, "err", err)
 		}
 	}
 }

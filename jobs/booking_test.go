@@ -72,17 +72,17 @@ type bookedView struct {
 	line        *lineSpot     // waitInLine's
 }
 
-// bookTask books task t, id in queue, on gs (s's gates) as a task of ctx
-// (a background context: a task from its producer with no retry left).
-func bookTask(ctx context.Context, s *Scheduler, gs *gateSet, queue, id string, t *asynq.Task, letOut bool) (bookedView, error) {
-	o, err := s.book(ctx, gs, refOf(ctx, queue, id, t), letOut)
+// bookTask books task t, id in queue, on gs with bk as a task of ctx (a
+// background context: a task from its producer with no retry left).
+func bookTask(ctx context.Context, bk *booker, gs *gateSet, queue, id string, t *asynq.Task, letOut bool) (bookedView, error) {
+	o, err := bk.book(ctx, gs, refOf(ctx, queue, id, t), letOut)
 	if err != nil {
 		return bookedView{}, err
 	}
 	b := bookedView{outcome: o}
 	switch o := o.(type) {
 	case runNow:
-		b.bookedTurns, b.ready = o.turns, s.clock.Now()
+		b.bookedTurns, b.ready = o.turns, bk.clock.Now()
 	case turnAhead:
 		b.bookedTurns, b.ready = o.turns, o.ready
 	case notedIn:
@@ -98,7 +98,7 @@ func bookTask(ctx context.Context, s *Scheduler, gs *gateSet, queue, id string, 
 // book books task id of test:call.
 func (f *bookingFixture) book(t *testing.T, id string) bookedView {
 	t.Helper()
-	b, err := bookTask(context.Background(), f.s, f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil), false)
+	b, err := bookTask(context.Background(), f.s.booker, f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil), false)
 	if err != nil {
 		t.Fatalf("book: %v", err)
 	}
@@ -221,7 +221,7 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	}
 	back := func(id string, headers map[string]string) bookedView {
 		t.Helper()
-		b, err := bookTask(context.Background(), f.s, f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers), false)
+		b, err := bookTask(context.Background(), f.s.booker, f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -419,7 +419,7 @@ func TestBookLiveChange(t *testing.T) {
 	if len(tk.turns.claims) != 0 {
 		t.Fatal("the task still holds its stale turns after giving them back")
 	}
-	again, err := bookTask(ctx, f.s, f.s.gates.Load(), f.queue, "held", asynq.NewTask("test:call", nil), false)
+	again, err := bookTask(ctx, f.s.booker, f.s.gates.Load(), f.queue, "held", asynq.NewTask("test:call", nil), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +454,7 @@ func TestLentTurn(t *testing.T) {
 	var b bookedView
 	testkit.WaitFor(t, 5*time.Second, "a turn lent", func() bool {
 		var err error
-		if b, err = bookTask(ctx, s, s.gates.Load(), queue, "fresh", asynq.NewTask("test:call", nil), false); err != nil {
+		if b, err = bookTask(ctx, s.booker, s.gates.Load(), queue, "fresh", asynq.NewTask("test:call", nil), false); err != nil {
 			t.Fatal(err)
 		}
 		return lent() > 0
@@ -464,11 +464,54 @@ func TestLentTurn(t *testing.T) {
 	}
 	before := lent()
 	back := asynq.NewTaskWithHeaders("test:call", nil, map[string]string{headerOrigin: "fresh", headerHop: "1"})
-	b, err := bookTask(ctx, s, s.gates.Load(), queue, "fresh~1", back, false)
+	b, err := bookTask(ctx, s.booker, s.gates.Load(), queue, "fresh~1", back, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if lent() != before || len(b.claims) != 2 {
 		t.Fatalf("a task back from Redis: %+v, %v more lent; want it booked on both gates", b.outcome, lent()-before)
+	}
+}
+
+// TestBookerAlone: booking needs the limits' Redis and a gate set, no
+// Scheduler and no asynq client: a booker built alone on a manual clock
+// books a drain of 25/s with a quota of 10/s burst 5 as the Scheduler does
+// (TestBookTwoGates), and its outcomes say so: runNow, then turnAhead.
+func TestBookerAlone(t *testing.T) {
+	rdb := redistest.Client(t)
+	clock := testkit.NewClock(t0)
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	drain := limit("leaky_bucket", 25, 1, "deny")
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {Drain: &drain}},
+		Quotas: map[string]LimitConfig{quota: limit("token_bucket", 10, 5, "deny")},
+		Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}.Defaults()
+	m := NewMetrics(prometheus.NewRegistry())
+	gs, err := newGateSet(rdb, cfg, gateOptions{clock: clock, evaluations: m.evaluations})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gs.close)
+	bk := newBooker(rdb, m, slog.New(slog.NewTextHandler(io.Discard, nil)), schedClock{Clock: clock, injected: true})
+	var got []time.Duration
+	for i := range 8 {
+		b, err := bookTask(context.Background(), bk, gs, queue, fmt.Sprint("task-", i), asynq.NewTask("test:call", nil), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch b.outcome.(type) {
+		case runNow:
+			if i > 0 {
+				t.Fatalf("task %d runs now, want a turn ahead", i)
+			}
+		case turnAhead:
+		default:
+			t.Fatalf("task %d: %+v, want runNow or turnAhead", i, b.outcome)
+		}
+		got = append(got, b.ready.Sub(t0))
+	}
+	if want := durations(0, 40, 80, 120, 160, 200, 240, 300); fmt.Sprint(got) != want {
+		t.Fatalf("tasks ready at %v, want %v", got, want)
 	}
 }

@@ -44,7 +44,7 @@ func tenant(key string) *asynq.Task {
 func (f *fairFixture) offer(t *testing.T, id string, task *asynq.Task, letOut bool) bookedView {
 	t.Helper()
 	ctx := context.Background()
-	b, err := bookTask(ctx, f.s, f.s.gates.Load(), f.queue, id, task, letOut)
+	b, err := bookTask(ctx, f.s.booker, f.s.gates.Load(), f.queue, id, task, letOut)
 	if err != nil {
 		t.Fatal(err)
 	}

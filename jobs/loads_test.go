@@ -51,7 +51,7 @@ func TestKeyLoads(t *testing.T) {
 			for dest, n := range map[string]int{"a": 10, "b": 5, "big": 12, "c": 1} {
 				for i := range n {
 					task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": %q}`, dest))
-					if _, err := bookTask(ctx, s, s.gates.Load(), queue, fmt.Sprint(dest, i), task, false); err != nil {
+					if _, err := bookTask(ctx, s.booker, s.gates.Load(), queue, fmt.Sprint(dest, i), task, false); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -120,7 +120,7 @@ func TestKeyLoadsOneScan(t *testing.T) {
 	s := newScheduler(t, rdb, cfg)
 	for _, dest := range []string{"a", "o3", "o29"} {
 		task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": %q}`, dest))
-		if _, err := bookTask(ctx, s, s.gates.Load(), queue, dest, task, false); err != nil {
+		if _, err := bookTask(ctx, s.booker, s.gates.Load(), queue, dest, task, false); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,14 +9,11 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/throttle"
 )
 
 const (
@@ -71,11 +68,7 @@ type Scheduler struct {
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
-	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
-	lines   lineViews     // the backlog lines' tails, as last read (backlog.go)
-	logGate throttle.Limiter
-	// keyLogGate: a failed key expression is logged once a minute per limit.
-	keyLogGate throttle.Limiter
+	*booker               // a task's turns on its gates (booking.go)
 
 	// The fleet's housekeeping, one service each, run by Run.
 	fleet   *fleetSize    // live workers in the fleet, for the local policy
@@ -105,13 +98,12 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	for _, opt := range opts {
 		opt(s)
 	}
+	s.booker = newBooker(rdb, m, log, s.clock)
 	deps := fleetDeps{rdb: rdb, queues: queues, clock: s.clock, log: log, worker: s.worker, gates: s.gates.Load}
 	s.board = newBlockBoard(deps)
 	s.waker = newWaker(deps, m)
 	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
 	s.rates = &rateRecorder{fleetDeps: deps}
-	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
-	s.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
@@ -382,8 +374,8 @@ func (tk *taken) giveBack() (lost bool) {
 
 // logRedisError logs that the limits' Redis failed, at most once every
 // 10 seconds per queue: an outage must not flood the log.
-func (s *Scheduler) logRedisError(queue string, err error) {
-	if d, _ := s.logGate.AllowN(context.Background(), queue, 1); d.Allowed {
-		s.log.Warn("gates cannot reach redis; tasks wait in Redis and ask again (further failures in the next 10s are only counted)", "queue", queue, "err", err)
+func (b *booker) logRedisError(queue string, err error) {
+	if d, _ := b.logGate.AllowN(context.Background(), queue, 1); d.Allowed {
+		b.log.Warn("gates cannot reach redis; tasks wait in Redis and ask again (further failures in the next 10s are only counted)", "queue", queue, "err", err)
 	}
 }

@@ -126,8 +126,8 @@ func (s *Scheduler) giveBackStale(ctx context.Context, gs *gateSet, tk *taken) {
 
 // holdsUpTo is the longest wait task would hold for in this
 // worker now (see hold); one that must wait longer goes back to Redis.
-func (s *Scheduler) holdsUpTo(ctx context.Context, gs *gateSet, task taskRef) time.Duration {
-	if s.holdingOf(task.queue).Load() >= holdRoom(gs) {
+func (b *booker) holdsUpTo(ctx context.Context, gs *gateSet, task taskRef) time.Duration {
+	if b.holdingOf(task.queue).Load() >= holdRoom(gs) {
 		return alwaysHold
 	}
 	return max(holdLongest(ctx, gs, task), alwaysHold)
@@ -151,8 +151,8 @@ func holdLongest(ctx context.Context, gs *gateSet, task taskRef) time.Duration {
 // worker.waiting.
 func holdRoom(gs *gateSet) int64 { return int64(max(1, gs.cfg.Worker.Waiting/2)) }
 
-func (s *Scheduler) holdingOf(queue string) *atomic.Int64 {
-	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
+func (b *booker) holdingOf(queue string) *atomic.Int64 {
+	v, _ := b.holding.LoadOrStore(queue, new(atomic.Int64))
 	return v.(*atomic.Int64)
 }
 
