@@ -267,6 +267,8 @@ booking:
 				return err
 			}
 			// Let out of its line, it books.
+		default:
+			panic(fmt.Sprintf("jobs: process has no case for outcome %T", o)) // a new outcome must have one
 		}
 	}
 	// Its turns have come: from here on they are given back unless its
