@@ -111,18 +111,18 @@ func (v *lineViews) note(key string, tail int64, now time.Time) {
 // otherwise takes a ticket behind the line: a turn further on is one the
 // line's tasks are due to take. ok is false when no line does,
 // or Redis failed (the task books as usual).
-func (s *Scheduler) activeLine(ctx context.Context, queue string, claims []claim, cost int) (backlogLine, bool) {
+func (b *booker) activeLine(ctx context.Context, queue string, claims []claim, cost int) (backlogLine, bool) {
 	var lines []backlogLine
 	for _, c := range claims {
 		if l, ok := lineOf(queue, c, cost); ok {
 			lines = append(lines, l)
 		}
 	}
-	now := s.clock.Now()
+	now := b.clock.Now()
 	// Most queues have no line: one look (a second old at most) at the
 	// furthest tail of the queue's lines says so.
-	furthest, err := s.readLines(ctx, []string{queueLines(queue)}, now)
-	limitersNow := s.lines.limitersNow(now)
+	furthest, err := b.readLines(ctx, []string{queueLines(queue)}, now)
+	limitersNow := b.lines.limitersNow(now)
 	if err != nil || furthest[0] <= limitersNow+alwaysHold.Microseconds() {
 		return backlogLine{}, false
 	}
@@ -130,7 +130,7 @@ func (s *Scheduler) activeLine(ctx context.Context, queue string, claims []claim
 	for i, l := range lines {
 		keys[i] = l.key
 	}
-	tails, err := s.readLines(ctx, keys, now)
+	tails, err := b.readLines(ctx, keys, now)
 	if err != nil {
 		return backlogLine{}, false
 	}
@@ -153,41 +153,41 @@ func queueLines(queue string) string { return throttle.Key("sluice:backlog:", qu
 // readLines returns the tails of the lines keys (0 for none), read again
 // from Redis for those whose view is older than lineViewFresh, with Redis's
 // clock.
-func (s *Scheduler) readLines(ctx context.Context, keys []string, now time.Time) ([]int64, error) {
+func (b *booker) readLines(ctx context.Context, keys []string, now time.Time) ([]int64, error) {
 	tails := make([]int64, len(keys))
 	var stale []int
-	s.lines.mu.Lock()
+	b.lines.mu.Lock()
 	for i, key := range keys {
-		v, ok := s.lines.tails[key]
+		v, ok := b.lines.tails[key]
 		if !ok || now.Sub(v.read) >= lineViewFresh {
 			stale = append(stale, i)
 		}
 		tails[i] = v.tail
 	}
-	s.lines.mu.Unlock()
+	b.lines.mu.Unlock()
 	if len(stale) == 0 {
 		return tails, nil
 	}
-	pipe := s.rdb.Pipeline()
+	pipe := b.rdb.Pipeline()
 	scores := make([]*redis.FloatCmd, len(stale))
 	for j, i := range stale {
 		scores[j] = pipe.ZScore(ctx, keys[i], lineTail)
 	}
 	var clock *redis.TimeCmd
-	if !s.clock.injected {
+	if !b.clock.injected {
 		clock = pipe.Time(ctx)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
 		return nil, err
 	}
 	if clock != nil {
-		s.lines.mu.Lock()
-		s.lines.ahead = clock.Val().UnixMicro() - now.UnixMicro()
-		s.lines.mu.Unlock()
+		b.lines.mu.Lock()
+		b.lines.ahead = clock.Val().UnixMicro() - now.UnixMicro()
+		b.lines.mu.Unlock()
 	}
 	for j, i := range stale {
 		tails[i] = int64(scores[j].Val()) // 0 if there is none
-		s.lines.note(keys[i], tails[i], now)
+		b.lines.note(keys[i], tails[i], now)
 	}
 	return tails, nil
 }
@@ -195,21 +195,21 @@ func (s *Scheduler) readLines(ctx context.Context, keys []string, now time.Time)
 // deferToLine puts a task whose booking bk was refused in line l (active:
 // a line ahead of it), or in the line of its refusing claim c from the
 // earliest turn the refusal found.
-func (s *Scheduler) deferToLine(ctx context.Context, queue, id string, l backlogLine, active bool, c claim, cost int, bk throttle.Booking) (booking, bool) {
+func (b *booker) deferToLine(ctx context.Context, task taskRef, l backlogLine, active bool, c claim, cost int, bk throttle.Booking) (outcome, bool) {
 	from := int64(0)
 	if !active {
 		var ok bool
-		if l, ok = lineOf(queue, c, cost); !ok {
-			return booking{}, false
+		if l, ok = lineOf(task.queue, c, cost); !ok {
+			return nil, false
 		}
 		from = bk.At.UnixMicro()
 	}
 	limitersNow := bk.At.Add(-bk.Delay).UnixMicro()
-	s.lines.mu.Lock()
-	s.lines.ahead = limitersNow - s.clock.Now().UnixMicro()
-	s.lines.mu.Unlock()
-	b, err := s.joinLine(ctx, queue, id, l, from, limitersNow)
-	return b, err == nil
+	b.lines.mu.Lock()
+	b.lines.ahead = limitersNow - b.clock.Now().UnixMicro()
+	b.lines.mu.Unlock()
+	o, err := b.joinLine(ctx, task, l, from, limitersNow)
+	return o, err == nil
 }
 
 // joinLine gives task id the next ticket of line l (not before from, if
@@ -217,8 +217,9 @@ func (s *Scheduler) deferToLine(ctx context.Context, queue, id string, l backlog
 // ticket: back then, it books a turn it waits for in the worker. A task
 // with no retry left is noted under the id of its copy instead (see
 // requeue). limitersNow is the limiters' clock now (µs).
-func (s *Scheduler) joinLine(ctx context.Context, queue, id string, l backlogLine, from, limitersNow int64) (booking, error) {
-	pipe := s.rdb.Pipeline()
+func (b *booker) joinLine(ctx context.Context, task taskRef, l backlogLine, from, limitersNow int64) (outcome, error) {
+	queue := task.queue
+	pipe := b.rdb.Pipeline()
 	if from > 0 {
 		pipe.ZAddGT(ctx, l.key, redis.Z{Score: float64(from), Member: lineTail})
 	}
@@ -226,29 +227,29 @@ func (s *Scheduler) joinLine(ctx context.Context, queue, id string, l backlogLin
 	// Kept past the furthest ticket known here; set exactly below.
 	pipe.PExpire(ctx, l.key, time.Duration(max(from, limitersNow)+l.interval-limitersNow)*time.Microsecond+lineLife)
 	if _, err := pipe.Exec(ctx); err != nil {
-		s.log.Warn("cannot take a place in a backlog line; the task asks again in a second", "queue", queue, "gate", l.gate, "err", err)
-		return booking{}, err
+		b.log.Warn("cannot take a place in a backlog line; the task asks again in a second", "queue", queue, "gate", l.gate, "err", err)
+		return nil, err
 	}
 	tail := int64(next.Val())
-	s.lines.note(l.key, tail, s.clock.Now())
+	b.lines.note(l.key, tail, b.clock.Now())
 	ticket := tail - l.interval
 	due := ticket - requeueLead.Microseconds()
 	wait := time.Duration(max(due-limitersNow, 1000)) * time.Microsecond
-	s.metrics.decisions.WithLabelValues(l.gate, "deferred").Inc()
-	pipe = s.rdb.Pipeline()
+	b.metrics.decisions.WithLabelValues(l.gate, "deferred").Inc()
+	pipe = b.rdb.Pipeline()
 	life := time.Duration(tail-limitersNow)*time.Microsecond + lineLife
 	pipe.PExpire(ctx, l.key, life)
 	pipe.ZAddGT(ctx, queueLines(queue), redis.Z{Score: float64(tail), Member: lineTail})
 	pipe.ExpireNX(ctx, queueLines(queue), life)
 	pipe.ExpireGT(ctx, queueLines(queue), life)
-	if exhausted(ctx) {
+	if task.exhausted {
 		// Back as a copy, under another id: it books.
 		_, _ = pipe.Exec(ctx)
-		return booking{askIn: wait}, nil
+		return askAgainIn{wait}, nil
 	}
-	pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(due), Member: id})
+	pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(due), Member: task.id})
 	if _, err := pipe.Exec(ctx); err != nil {
-		s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
+		b.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", task.id, "err", err)
 	}
-	return booking{askIn: wait, noted: true}, nil
+	return notedIn{wait}, nil
 }

@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/throttle"
 )
@@ -22,23 +25,94 @@ import (
 // late is taken before the queue's backlog (see ready), so it is rare.
 const lateTolerance = 0
 
-// booking is what a task's gates gave it.
-type booking struct {
+// booker books tasks' turns on their gates, the first step of a task's
+// path (book). It needs the limits' Redis, and nothing of asynq's but the
+// task. A Scheduler has one; tests build one alone (newBooker).
+type booker struct {
+	rdb     redis.UniversalClient
+	metrics *Metrics
+	log     *slog.Logger
+	clock   schedClock
+	lines   lineViews // the backlog lines' tails, as last read (backlog.go)
+	holding sync.Map  // queue -> *atomic.Int64: tasks waiting in this worker (see hold)
+	// logGate: a Redis failure is logged once every 10 seconds per queue.
+	logGate throttle.Limiter
+	// keyLogGate: a failed key expression is logged once a minute per limit.
+	keyLogGate throttle.Limiter
+}
+
+func newBooker(rdb redis.UniversalClient, m *Metrics, log *slog.Logger, clock schedClock) *booker {
+	b := &booker{rdb: rdb, metrics: m, log: log, clock: clock}
+	b.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
+	b.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
+	return b
+}
+
+// bookedTurns are a task's turns on its rate gates: one per claim, given
+// back if the task will not use them (Scheduler.giveBack).
+type bookedTurns struct {
 	claims []claim
-	turns  []throttle.Reservation // one per claim: given back if the task will not use them
-	ready  time.Time              // on our clock: when its turns come (zero: it has no gates)
-	at     time.Time              // the same instant on the limiters' clock (zero: lent, or no gates)
-	// askIn, if > 0, is how soon to ask the gates again: no turn within
-	// worker.reserve_max (the task's place in its gate's backlog line), or
-	// Redis could not decide.
-	askIn time.Duration
-	// line, if not nil: the task's key holds its fair share of the drain;
-	// the task waits in its key's line.
-	line *lineSpot
-	// noted: its turn is too far to wait for in the worker (or, with
-	// askIn, its place in a backlog line), and it is noted in the wake set
-	// already: it goes back to Redis.
-	noted bool
+	turns  []throttle.Reservation
+}
+
+// outcome is what a task's gates decided, one of: runNow, turnAhead,
+// notedIn, askAgainIn, waitInLine. process is a switch over it.
+type outcome interface{ outcome() }
+
+// runNow: the task's turns have come (lent, booked for now, or it has no
+// rate gates).
+type runNow struct{ turns bookedTurns }
+
+// turnAhead: the task's turns come at ready, on our clock (at on the
+// limiters'): it waits for them in the worker, or in Redis (hold).
+type turnAhead struct {
+	turns bookedTurns
+	ready time.Time
+	at    time.Time
+}
+
+// notedIn: the task goes back to Redis, already noted in the wake set by
+// its booking, due back in d: for a turn too far to wait for in the worker
+// (its turns stay kept under its booking ID), or for its ticket in a
+// backlog line.
+type notedIn struct{ d time.Duration }
+
+// askAgainIn: the task has no turn; it waits in Redis and asks its gates
+// again in d: none within worker.reserve_max, Redis could not decide, or
+// its key failed on a limit whose on_key_error is wait.
+type askAgainIn struct{ d time.Duration }
+
+// waitInLine: the task's key holds its fair share of the drain already;
+// the task waits in its key's line until the queue's waker lets it out.
+type waitInLine struct{ spot *lineSpot }
+
+func (runNow) outcome()     {}
+func (turnAhead) outcome()  {}
+func (notedIn) outcome()    {}
+func (askAgainIn) outcome() {}
+func (waitInLine) outcome() {}
+
+// taskRef is what a task's path reads of the task, once, as it starts.
+type taskRef struct {
+	t       *asynq.Task
+	queue   string
+	id      string
+	booking string // bookingID: its turns' name in the limiters
+	// fresh: it comes from its producer, not back from waiting in Redis
+	// (where it may hold turns under its booking ID).
+	fresh bool
+	// exhausted: it has no retry left; asynq would archive it on the
+	// retry path.
+	exhausted bool
+}
+
+// refOf reads task t, id in queue, as its path needs it; the rest comes
+// from ctx (asynq's handler context).
+func refOf(ctx context.Context, queue, id string, t *asynq.Task) taskRef {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	return taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t),
+		fresh: retried == 0 && t.Headers()[headerOrigin] == "", exhausted: retried >= maxRetry}
 }
 
 // bookingID names a task's turns in the limiters: the same for the task
@@ -62,13 +136,6 @@ func bookingID(queue, id string, t *asynq.Task) string {
 // any length.
 const maxBookingID = 1024
 
-// fresh reports whether the task comes from its producer, not back from
-// waiting in Redis (where it may hold turns under its booking ID).
-func fresh(ctx context.Context, t *asynq.Task) bool {
-	n, _ := asynq.GetRetryCount(ctx)
-	return n == 0 && t.Headers()[headerOrigin] == ""
-}
-
 // book gives the task one turn on all its rate gates at once: the earliest
 // instant at which every one of them admits it (throttle.Book). A task back
 // for turns it booked before gets them under its booking ID, counting
@@ -77,129 +144,129 @@ func fresh(ctx context.Context, t *asynq.Task) bool {
 // fairness the turn is booked on the queue's fair share too, and a task
 // whose key holds its share already waits in its key's line instead. Most
 // tasks of gates far from their limits are lent a turn instead (lent).
-func (s *Scheduler) book(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool) (booking, error) {
-	r := gs.routeOf(queue, t.Type())
+// What the gates decided is the outcome; letOut: the task was let out of
+// its key's line, and books whatever this worker saw of its key.
+func (b *booker) book(ctx context.Context, gs *gateSet, task taskRef, letOut bool) (outcome, error) {
+	r := gs.routeOf(task.queue, task.t.Type())
 	if len(r.gates) == 0 {
-		return booking{}, nil
+		return runNow{}, nil
 	}
 	claims := r.claims
 	var vars *taskVars
 	if r.keyed || r.fair {
-		vars = varsOf(queue, id, t)
+		vars = varsOf(task.queue, task.id, task.t)
 	}
 	if r.keyed {
 		var ok bool
-		if claims, ok = s.claimsOf(r, vars); !ok {
-			return booking{askIn: keyErrorWait}, nil // on_key_error: wait
+		if claims, ok = b.claimsOf(r, vars); !ok {
+			return askAgainIn{keyErrorWait}, nil // on_key_error: wait
 		}
 	}
-	if b, ok := s.lent(ctx, gs, r, claims, t); ok {
-		return b, nil
+	if b.lent(ctx, gs, task, r, claims) {
+		return runNow{}, nil
 	}
-	return s.bookTurn(ctx, gs, queue, id, t, letOut, r, claims, vars)
+	return b.bookTurn(ctx, gs, task, letOut, r, claims, vars)
 }
 
 // bookTurn books the task's turn on claims (and its queue's fair share):
 // book, for a task that was not lent one.
-func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, letOut bool, r *route, claims []claim, vars *taskVars) (booking, error) {
-	cost, bid := r.cost, bookingID(queue, id, t)
+func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut bool, r *route, claims []claim, vars *taskVars) (outcome, error) {
+	queue, cost := task.queue, r.cost
 	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
 	reserveMax := gs.cfg.Worker.ReserveMax
 	var line backlogLine
 	var lineAhead bool
-	if backlogs && fresh(ctx, t) {
-		if line, lineAhead = s.activeLine(ctx, queue, claims, cost); lineAhead {
+	if backlogs && task.fresh {
+		if line, lineAhead = b.activeLine(ctx, queue, claims, cost); lineAhead {
 			// A task back for its ticket (it looks fresh: waiting is no
 			// failure) books its turn, which the waker brought it back for
 			// in time to wait for here.
-			reserveMax = s.holdsUpTo(ctx, gs, queue)
+			reserveMax = b.holdsUpTo(ctx, gs, task)
 		}
 	}
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {
-		spot = &lineSpot{fair: f, key: s.keyOf(f.name, f.expr, vars), booking: bid, cost: cost}
-		if !letOut && fresh(ctx, t) && f.parkedView(spot.key, s.clock.Now()) {
-			s.metrics.decisions.WithLabelValues(f.name, "parked").Inc()
+		spot = &lineSpot{fair: f, key: b.keyOf(f.name, f.expr, vars), booking: task.booking, cost: cost}
+		if !letOut && task.fresh && f.parkedView(spot.key, b.clock.Now()) {
+			b.metrics.decisions.WithLabelValues(f.name, "parked").Inc()
 			spot.seen = true
-			return booking{line: spot}, nil
+			return waitInLine{spot}, nil
 		}
+		// The fair share's claim comes right after the drain's: the script
+		// tells it where the drain before it and the key's own quotas after
+		// it put the turn (lua/book.lua), and one run books it with the
+		// drain (both live under the queue's hash tag). Its turn is given
+		// back with theirs.
+		claims = slices.Concat(claims[:1], []claim{{g: f.share, lim: f.lim, key: spot.key}}, claims[1:])
 	}
-	bookClaims := make([]throttle.Claim, 0, len(claims)+1)
-	fairAt := -1
+	bookClaims := make([]throttle.Claim, len(claims))
 	for i, c := range claims {
-		bookClaims = append(bookClaims, throttle.Claim{Limiter: c.lim, Key: c.key, N: cost, ID: bid})
-		if i == 0 && spot != nil {
-			// Next to the drain, in its slot: one script run books both.
-			fairAt = len(bookClaims)
-			bookClaims = append(bookClaims, throttle.Claim{Limiter: spot.fair.lim, Key: spot.key, N: cost, ID: bid})
-		}
+		bookClaims[i] = throttle.Claim{Limiter: c.lim, Key: c.key, N: cost, ID: task.booking}
 	}
-	s.metrics.bookings.WithLabelValues(queue).Inc()
+	b.metrics.bookings.WithLabelValues(queue).Inc()
 	start := time.Now()
 	opts := []throttle.BookOption{throttle.MaxLate(lateTolerance)}
-	if !exhausted(ctx) {
+	if !task.exhausted {
 		// A turn too far to wait for here is noted in the wake set by the
 		// booking itself: the task goes back to Redis for it without
 		// another script run. (One with no retry left goes back as a copy,
 		// noted under the copy's id.)
-		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], id, requeueLead, s.holdsUpTo(ctx, gs, queue)))
+		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], task.id, requeueLead, b.holdsUpTo(ctx, gs, task)))
 	}
 	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, reserveMax, opts...)
 	elapsed := time.Since(start).Seconds()
-	for _, c := range claims {
-		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
-		s.metrics.scriptSeconds.WithLabelValues(c.g.name).Observe(elapsed)
+	// The gates' own claims are counted; the fair share's goes with the
+	// drain'b.
+	gates := slices.DeleteFunc(slices.Clone(claims), func(c claim) bool { return c.g.fair })
+	for _, c := range gates {
+		b.metrics.evaluations.WithLabelValues(c.g.name).Inc()
+		b.metrics.scriptSeconds.WithLabelValues(c.g.name).Observe(elapsed)
 	}
 	if errors.Is(err, throttle.ErrRedisDenied) {
 		// The task waits in Redis, not in a slot, and asks again soon.
-		for _, c := range claims {
-			s.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
+		for _, c := range gates {
+			b.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
 			if c.g.limit.OnRedisError == OnRedisErrorDeny {
-				s.metrics.fallbacks.WithLabelValues(c.g.name, OnRedisErrorDeny).Inc()
+				b.metrics.fallbacks.WithLabelValues(c.g.name, OnRedisErrorDeny).Inc()
 			}
 		}
-		s.logRedisError(queue, err)
-		return booking{askIn: redisRetry}, nil
+		b.logRedisError(queue, err)
+		return askAgainIn{redisRetry}, nil
 	}
 	if err != nil {
-		return booking{}, err
+		return nil, err
 	}
-	turns := bk.Turns
-	if fairAt >= 0 {
-		// The fair share's turn goes with the drain's: given back with it.
-		fairTurn := turns[fairAt]
-		turns = append(slices.Clone(turns[:fairAt]), turns[fairAt+1:]...)
-		if !bk.OK && fairTurn.Delay > 0 {
-			spot.fair.refused(spot.key, s.clock.Now())
-			s.metrics.decisions.WithLabelValues(spot.fair.name, "parked").Inc()
-			return booking{line: spot}, nil
+	for i, c := range claims {
+		if c.g.fair && !bk.OK && bk.Turns[i].Delay > 0 {
+			// The key holds its share of the drain already.
+			spot.fair.refused(spot.key, b.clock.Now())
+			b.metrics.decisions.WithLabelValues(c.g.name, "parked").Inc()
+			return waitInLine{spot}, nil
 		}
-		claims = append(claims, claim{g: &gate{name: spot.fair.name}, lim: spot.fair.lim, key: spot.key})
-		turns = append(turns, fairTurn)
 	}
 	for i, c := range claims {
 		// The fair share's claim is let through when Redis fails: the
 		// drain's own policy is what counts.
-		if fb := turns[i].Fallback; fb != "" && c.g.limit.Limit > 0 {
-			s.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
-			s.metrics.fallbacks.WithLabelValues(c.g.name, fb).Inc()
+		if fb := bk.Turns[i].Fallback; fb != "" && c.g.limit.Limit > 0 {
+			b.metrics.redisErrors.WithLabelValues(c.g.name).Inc()
+			b.metrics.fallbacks.WithLabelValues(c.g.name, fb).Inc()
 		}
 	}
 	if !bk.OK {
 		// The gate that needs the longest wait is the one that deferred.
 		refused := 0
-		for i, turn := range turns {
-			if turn.Delay > turns[refused].Delay {
+		for i, turn := range bk.Turns {
+			if turn.Delay > bk.Turns[refused].Delay {
 				refused = i
 			}
 		}
 		if backlogs {
-			if b, ok := s.deferToLine(ctx, queue, id, line, lineAhead, claims[refused], cost, bk); ok {
-				return b, nil
+			if o, ok := b.deferToLine(ctx, task, line, lineAhead, claims[refused], cost, bk); ok {
+				return o, nil
 			}
 		}
-		s.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()
-		return booking{askIn: max(bk.Delay-gs.cfg.Worker.ReserveMax, 0) + time.Second}, nil
+		b.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()
+		return askAgainIn{max(bk.Delay-gs.cfg.Worker.ReserveMax, 0) + time.Second}, nil
 	}
 	result := "now"
 	switch {
@@ -209,26 +276,35 @@ func (s *Scheduler) bookTurn(ctx context.Context, gs *gateSet, queue, id string,
 		result = "reserved"
 	}
 	for i, c := range claims {
-		s.metrics.decisions.WithLabelValues(c.g.name, result).Inc()
+		b.metrics.decisions.WithLabelValues(c.g.name, result).Inc()
 		if !bk.Kept && c.g.expr == nil && c.g.limit.Limit > 0 {
-			s.metrics.remaining.WithLabelValues(c.g.name).Set(float64(turns[i].Remaining))
+			b.metrics.remaining.WithLabelValues(c.g.name).Set(float64(bk.Turns[i].Remaining))
 		}
 	}
-	s.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay, "kept", bk.Kept)
+	b.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay, "kept", bk.Kept)
+	turns := bookedTurns{claims: claims, turns: bk.Turns}
+	switch {
+	case bk.Reminded:
+		// Its turns stay kept under its booking ID: back for them just
+		// before they come, it gets them.
+		return notedIn{bk.Delay - requeueLead}, nil
+	case bk.Delay <= 0:
+		return runNow{turns}, nil
+	}
 	// The wait is the script's own, from when its answer came: no clock but
 	// Redis's is involved (the answer's way back makes it a little late,
 	// never early).
-	return booking{claims: claims, turns: turns, ready: s.clock.Now().Add(bk.Delay), at: bk.At, noted: bk.Reminded}, nil
+	return turnAhead{turns: turns, ready: b.clock.Now().Add(bk.Delay), at: bk.At}, nil
 }
 
 // claimsOf lists the claims a task on route r makes, in order: its
 // queue's drain, then its type's quotas; a keyed gate's claim is on the
 // task's key value. Not ok: a key failed on a limit whose on_key_error is
 // wait, and the task waits.
-func (s *Scheduler) claimsOf(r *route, vars *taskVars) ([]claim, bool) {
+func (b *booker) claimsOf(r *route, vars *taskVars) ([]claim, bool) {
 	claims := make([]claim, len(r.gates))
 	for i, g := range r.gates {
-		c, ok := s.keyedClaim(g, vars, g.limit.OnKeyError == OnKeyErrorWait)
+		c, ok := b.keyedClaim(g, vars, g.limit.OnKeyError == OnKeyErrorWait)
 		if !ok {
 			return nil, false
 		}
@@ -240,18 +316,18 @@ func (s *Scheduler) claimsOf(r *route, vars *taskVars) ([]claim, bool) {
 // claimOf is the task's claim on gate g: on its key value if g is
 // keyed, with that value's own limit if it has one; DefaultKey if its key
 // fails.
-func (s *Scheduler) claimOf(g *gate, vars *taskVars) claim {
-	c, _ := s.keyedClaim(g, vars, false)
+func (b *booker) claimOf(g *gate, vars *taskVars) claim {
+	c, _ := b.keyedClaim(g, vars, false)
 	return c
 }
 
 // keyedClaim is claimOf; with wait, a key that fails gives no claim (not
 // ok) instead of DefaultKey's.
-func (s *Scheduler) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
+func (b *booker) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
 	if g.expr == nil {
 		return claim{g: g, lim: g.lim, key: g.key}, true
 	}
-	key, ok := s.evalKey(g.name, g.expr, vars, wait)
+	key, ok := b.evalKey(g.name, g.expr, vars, wait)
 	if !ok {
 		return claim{}, false
 	}
@@ -270,37 +346,37 @@ const keyErrorWait = 30 * time.Second
 // keyOf is the task's key value for the limit named gate: what expr gives,
 // or DefaultKey if it fails (counted, and logged at most once a minute per
 // limit): a task is never failed for its key.
-func (s *Scheduler) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
-	key, _ := s.evalKey(gate, expr, vars, false)
+func (b *booker) keyOf(gate string, expr *keyExpr, vars *taskVars) string {
+	key, _ := b.evalKey(gate, expr, vars, false)
 	return key
 }
 
 // evalKey is keyOf; with wait, a key that fails is not ok (counted in
 // sluice_key_waits_total, and logged at most once a minute per limit).
-func (s *Scheduler) evalKey(gate string, expr *keyExpr, vars *taskVars, wait bool) (string, bool) {
+func (b *booker) evalKey(gate string, expr *keyExpr, vars *taskVars, wait bool) (string, bool) {
 	key, err := expr.eval(vars)
 	if err == nil {
 		return key, true
 	}
-	logIt := func() bool { d, _ := s.keyLogGate.AllowN(context.Background(), gate, 1); return d.Allowed }
+	logIt := func() bool { d, _ := b.keyLogGate.AllowN(context.Background(), gate, 1); return d.Allowed }
 	if wait {
-		s.metrics.keyWaits.WithLabelValues(gate).Inc()
+		b.metrics.keyWaits.WithLabelValues(gate).Inc()
 		if logIt() {
-			s.log.Error("a task's key expression failed; the task waits in Redis (on_key_error: wait) and asks again later: fix the expression (a reload is in force at once) or the task's payload (further failures of this limit in the next minute are only counted)",
+			b.log.Error("a task's key expression failed; the task waits in Redis (on_key_error: wait) and asks again later: fix the expression (a reload is in force at once) or the task's payload (further failures of this limit in the next minute are only counted)",
 				"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "asks_again_in", keyErrorWait)
 		}
 		return "", false
 	}
-	s.metrics.keyFallbacks.WithLabelValues(gate).Inc()
+	b.metrics.keyFallbacks.WithLabelValues(gate).Inc()
 	if logIt() {
-		s.log.Warn("a task's key expression failed; the task takes the limit's default key (further failures of this limit in the next minute are only counted)",
+		b.log.Warn("a task's key expression failed; the task takes the limit's default key (further failures of this limit in the next minute are only counted)",
 			"gate", gate, "key", expr.source, "queue", vars.queue, "type", vars.typ, "id", vars.id, "err", err, "default", DefaultKey, "on_key_error", "default (set wait to hold such tasks instead)")
 	}
 	return DefaultKey, true
 }
 
-// lent gives a task that never booked before a turn lent by its gates'
-// pool (throttle.Pool): most tasks of gates far from their limits go
+// lent reports whether a task that never booked before was lent a turn
+// by its gates' pool (throttle.Pool): most tasks of gates far from their limits go
 // without a round trip to Redis. A keyed gate's pool is its task's key
 // value's: the values with tasks often enough to use a lease (see
 // maxKeyedPools) lend as an unkeyed gate does. A task back from Redis
@@ -308,36 +384,36 @@ func (s *Scheduler) evalKey(gate string, expr *keyExpr, vars *taskVars, wait boo
 // now (its gates near their limits, or Redis failing) leaves the task to
 // book. Queues with fairness book every task: a fair share is counted task
 // by task (their routes have no pool, and keyed gates in them do not lend).
-func (s *Scheduler) lent(ctx context.Context, gs *gateSet, r *route, claims []claim, t *asynq.Task) (booking, bool) {
-	if !fresh(ctx, t) {
-		return booking{}, false
+func (b *booker) lent(ctx context.Context, gs *gateSet, task taskRef, r *route, claims []claim) bool {
+	if !task.fresh {
+		return false
 	}
 	pool := r.pool
 	if r.keyed && !r.fair {
 		pool = gs.poolOf(claims, r.cost)
 	}
 	if pool == nil {
-		return booking{}, false
+		return false
 	}
 	if ok, err := pool.Take(ctx); err != nil || !ok {
-		return booking{}, false
+		return false
 	}
 	for _, c := range claims {
-		s.metrics.decisions.WithLabelValues(c.g.name, "lent").Inc()
+		b.metrics.decisions.WithLabelValues(c.g.name, "lent").Inc()
 	}
 	// A lent turn cannot be given back alone: a task that does not use it
 	// leaves it counted (see giveBack).
-	return booking{ready: s.clock.Now()}, true
+	return true
 }
 
 // giveBack gives back the turns of a task that will not use them, so that
 // another task may.
-func (s *Scheduler) giveBack(ctx context.Context, b booking) {
+func (b *booker) giveBack(ctx context.Context, held bookedTurns) {
 	ctx = context.WithoutCancel(ctx)
-	for i, c := range b.claims {
-		s.metrics.evaluations.WithLabelValues(c.g.name).Inc()
-		if err := c.lim.Cancel(ctx, c.key, b.turns[i]); err != nil {
-			s.log.Warn("cannot give back a turn; it is lost", "gate", c.g.name, "err", err)
+	for i, c := range held.claims {
+		b.metrics.evaluations.WithLabelValues(c.g.name).Inc()
+		if err := c.lim.Cancel(ctx, c.key, held.turns[i]); err != nil {
+			b.log.Warn("cannot give back a turn; it is lost", "gate", c.g.name, "err", err)
 		}
 	}
 }

@@ -63,10 +63,42 @@ func newBookingFixture(t *testing.T, rdb redis.UniversalClient, drain LimitConfi
 	return f
 }
 
+// bookedView is an outcome as the tests read it.
+type bookedView struct {
+	outcome
+	bookedTurns               // runNow's or turnAhead's
+	ready       time.Time     // when its turns come: runNow's now, or turnAhead's ready
+	askIn       time.Duration // askAgainIn's or notedIn's
+	line        *lineSpot     // waitInLine's
+}
+
+// bookTask books task t, id in queue, on gs with bk as a task of ctx (a
+// background context: a task from its producer with no retry left).
+func bookTask(ctx context.Context, bk *booker, gs *gateSet, queue, id string, t *asynq.Task, letOut bool) (bookedView, error) {
+	o, err := bk.book(ctx, gs, refOf(ctx, queue, id, t), letOut)
+	if err != nil {
+		return bookedView{}, err
+	}
+	b := bookedView{outcome: o}
+	switch o := o.(type) {
+	case runNow:
+		b.bookedTurns, b.ready = o.turns, bk.clock.Now()
+	case turnAhead:
+		b.bookedTurns, b.ready = o.turns, o.ready
+	case notedIn:
+		b.askIn = o.d
+	case askAgainIn:
+		b.askIn = o.d
+	case waitInLine:
+		b.line = o.spot
+	}
+	return b, nil
+}
+
 // book books task id of test:call.
-func (f *bookingFixture) book(t *testing.T, id string) booking {
+func (f *bookingFixture) book(t *testing.T, id string) bookedView {
 	t.Helper()
-	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil), false)
+	b, err := bookTask(context.Background(), f.s.booker, f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", nil), false)
 	if err != nil {
 		t.Fatalf("book: %v", err)
 	}
@@ -130,14 +162,17 @@ func TestBookRedisFails(t *testing.T) {
 	t.Cleanup(func() { dead.Close() })
 	t.Run("deny: ask again in a second, from Redis", func(t *testing.T) {
 		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
-		if b := f.book(t, "t"); b.askIn != redisRetry || len(b.turns) != 0 {
-			t.Fatalf("booking = %+v, want to ask again in %v with no turn", b, redisRetry)
+		if b := f.book(t, "t"); b.outcome != (askAgainIn{redisRetry}) {
+			t.Fatalf("outcome %+v, want askAgainIn %v (no turn)", b.outcome, redisRetry)
 		}
 	})
 	t.Run("allow: run now", func(t *testing.T) {
 		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "allow"), limit("token_bucket", 10, 5, "allow"))
-		if got := f.readyTimes(t, 3); fmt.Sprint(got) != durations(0, 0, 0) {
-			t.Fatalf("tasks ready at %v, want all now", got)
+		for i := range 3 {
+			b := f.book(t, fmt.Sprint("t", i))
+			if _, ok := b.outcome.(runNow); !ok || len(b.turns) != 2 || b.turns[0].Fallback != "allow" || b.turns[1].Fallback != "allow" {
+				t.Fatalf("task %d: %+v, want runNow, both gates' turns let through by the allow policy", i, b.outcome)
+			}
 		}
 	})
 	t.Run("local: the limits in process", func(t *testing.T) {
@@ -149,14 +184,14 @@ func TestBookRedisFails(t *testing.T) {
 	})
 	t.Run("local before the fleet is counted: ask again in a second", func(t *testing.T) {
 		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "local"))
-		if b := f.book(t, "t"); b.askIn != redisRetry || len(b.turns) != 0 {
-			t.Fatalf("booking = %+v, want to ask again in %v with no turn", b, redisRetry)
+		if b := f.book(t, "t"); b.outcome != (askAgainIn{redisRetry}) {
+			t.Fatalf("outcome %+v, want askAgainIn %v (no turn)", b.outcome, redisRetry)
 		}
 	})
 	t.Run("one gate denies, the other allows: ask again", func(t *testing.T) {
 		f := newBookingFixture(t, dead, limit("leaky_bucket", 25, 1, "allow"), limit("token_bucket", 10, 5, "deny"))
-		if b := f.book(t, "t"); b.askIn == 0 {
-			t.Fatalf("booking = %+v, want to ask again: the quota's policy is deny", b)
+		if b := f.book(t, "t"); b.outcome != (askAgainIn{redisRetry}) {
+			t.Fatalf("outcome %+v, want askAgainIn %v: the quota's policy is deny", b.outcome, redisRetry)
 		}
 	})
 }
@@ -166,7 +201,7 @@ func TestBookRedisFails(t *testing.T) {
 func TestTurnGivenBack(t *testing.T) {
 	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 25, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
 	first, second := f.book(t, "first"), f.book(t, "second")
-	f.s.giveBack(context.Background(), first)
+	f.s.giveBack(context.Background(), first.bookedTurns)
 	if third := f.book(t, "third"); !third.ready.Equal(first.ready) {
 		t.Fatalf("after the first turn (%v) was given back, the next task got %v (the second holds %v)",
 			first.ready.Sub(t0), third.ready.Sub(t0), second.ready.Sub(t0))
@@ -184,9 +219,9 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	if want := t0.Add(200 * ms); !waiting.ready.Equal(want) {
 		t.Fatalf("waiting task ready at %v, want %v", waiting.ready.Sub(t0), want.Sub(t0))
 	}
-	back := func(id string, headers map[string]string) booking {
+	back := func(id string, headers map[string]string) bookedView {
 		t.Helper()
-		b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers), false)
+		b, err := bookTask(context.Background(), f.s.booker, f.s.gates.Load(), f.queue, id, asynq.NewTaskWithHeaders("test:call", nil, headers), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,5 +323,225 @@ func TestBookLentOnManualClock(t *testing.T) {
 	}
 	if n, r := lent(), runs(); n != 9 || r != 2 {
 		t.Fatalf("after the span: %v lent, %v script runs on the drain; want 9 lent on 2 leases (the first spent: nothing to give back)", n, r)
+	}
+}
+
+// TestBookedTurnOnTwoGates: a task's gates decide one outcome. On a drain
+// of 25/s and a quota of 10/s burst 5, the first task runs now and the
+// second's turn is 40ms ahead (turnAhead), each with one turn per gate at
+// the task's instant (on a manual clock, ours and the limiters' agree);
+// given back, that turn is the next task's.
+func TestBookedTurnOnTwoGates(t *testing.T) {
+	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 25, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
+	gates := f.s.gates.Load().routeOf(f.queue, "test:call").gates
+	checkTurns := func(b bookedView, at time.Time) {
+		t.Helper()
+		if len(b.claims) != len(gates) || len(b.turns) != len(gates) {
+			t.Fatalf("%d claims and %d turns, want one per gate (%d)", len(b.claims), len(b.turns), len(gates))
+		}
+		for i, g := range gates {
+			if b.claims[i].g != g || !b.turns[i].At.Equal(at) {
+				t.Fatalf("turn %d on %q at %v, want on %q at %v", i, b.claims[i].g.name, b.turns[i].At.Sub(t0), g.name, at.Sub(t0))
+			}
+		}
+	}
+	first := f.book(t, "first")
+	if _, ok := first.outcome.(runNow); !ok {
+		t.Fatalf("the first task: %T, want runNow", first.outcome)
+	}
+	checkTurns(first, t0)
+	second := f.book(t, "second")
+	ahead, ok := second.outcome.(turnAhead)
+	if !ok || !ahead.ready.Equal(t0.Add(40*ms)) || !ahead.at.Equal(ahead.ready) {
+		t.Fatalf("the second task: %+v, want turnAhead ready at +40ms", second.outcome)
+	}
+	checkTurns(second, t0.Add(40*ms))
+	f.s.giveBack(context.Background(), second.bookedTurns)
+	if third := f.book(t, "third"); !third.ready.Equal(ahead.ready) {
+		t.Fatalf("after the second task gave its turn back, the next got +%v, want +40ms", third.ready.Sub(t0))
+	}
+}
+
+// TestBookFairLine: in a fair queue at 10/s, a key's tasks book turns
+// (the fair share's claim right after the drain's, given back with them)
+// until the key holds its share; then a task waits in its key's line
+// (waitInLine), and the key's next fresh task is sent there too without a
+// booking (this worker's view of the key). Another key still books. Let
+// out by the waker, the first waiting task books.
+func TestBookFairLine(t *testing.T) {
+	f := newFairFixture(t, 10, "payload.t", nil)
+	bookings := func() float64 { return testutil.ToFloat64(f.s.metrics.bookings.WithLabelValues(f.queue)) }
+	var waiting string
+	for i := range 10 {
+		id := fmt.Sprint("a-", i)
+		b := f.offer(t, id, tenant("a"), false)
+		if b.line != nil {
+			if i < 2 {
+				t.Fatalf("task %d of key a sent to its line; want at least two booked (the share holds 3 turns)", i)
+			}
+			waiting = id
+			break
+		}
+		if len(b.claims) != 2 || b.claims[0].g != f.s.gates.Load().drains[f.queue] || !b.claims[1].g.fair || b.claims[1].key != "a" {
+			t.Fatalf("task %s's claims %+v, want the drain's then key a's on the fair share", id, b.claims)
+		}
+	}
+	if waiting == "" {
+		t.Fatal("10 tasks of key a booked: its share never refused one")
+	}
+	before := bookings()
+	if b := f.offer(t, "a-next", tenant("a"), false); b.line == nil || !b.line.seen {
+		t.Fatalf("key a's next fresh task: %+v, want sent to its line by this worker's view", b.outcome)
+	}
+	if got := bookings(); got != before {
+		t.Fatalf("%v bookings for a task sent to its line by the view, want none", got-before)
+	}
+	if b := f.offer(t, "b-0", tenant("b"), false); b.line != nil {
+		t.Fatal("key b's first task was sent to its line, want it booked")
+	}
+	for range 30 {
+		f.clock.Add(100 * ms)
+		for _, id := range f.letOut(t) {
+			if id != waiting {
+				continue
+			}
+			if b := f.offer(t, id, tenant("a"), true); b.line != nil {
+				t.Fatalf("task %s let out of its line: %+v, want it booked", id, b.outcome)
+			}
+			return
+		}
+	}
+	t.Fatalf("task %s was not let out of its line in 3s", waiting)
+}
+
+// TestBookLiveChange: a task holds a turn 40ms ahead on the drain when a
+// live change raises the drain from 25/s to 50/s: its wait ends
+// (limitsChanged), it gives its turn back (giveBackStale, through what it
+// has taken) and books again under the new limit, where what the old one
+// counted still counts (a change of rate, not a reset): at +40ms, when the
+// task that ran leaves the old bucket, not at once; the next task 20ms
+// after it, at the new rate.
+func TestBookLiveChange(t *testing.T) {
+	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 25, 1, "deny"))
+	f.book(t, "ran")
+	held := f.book(t, "held")
+	ahead, ok := held.outcome.(turnAhead)
+	if !ok || !ahead.ready.Equal(t0.Add(40*ms)) {
+		t.Fatalf("the second task: %+v, want turnAhead at +40ms", held.outcome)
+	}
+	ctx := context.Background()
+	gs := f.s.gates.Load()
+	task := refOf(ctx, f.queue, "held", asynq.NewTask("test:call", nil))
+	result := make(chan holdResult, 1)
+	go func() { result <- f.s.hold(ctx, gs, task, ahead.ready.Sub(f.clock.Now())) }()
+	testkit.WaitFor(t, 5*time.Second, "the task to wait in the worker", func() bool { return f.clock.Waiting() > 0 })
+	cfg := f.s.Config()
+	raised := limit("leaky_bucket", 50, 1, "deny")
+	cfg.Queues[f.queue] = QueueConfig{Drain: &raised}
+	if err := f.s.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-result; got != limitsChanged {
+		t.Fatalf("the wait ended with %v, want limitsChanged", got)
+	}
+	tk := &taken{s: f.s, ctx: ctx, queue: f.queue, turns: ahead.turns}
+	f.s.giveBackStale(ctx, gs, tk)
+	if len(tk.turns.claims) != 0 {
+		t.Fatal("the task still holds its stale turns after giving them back")
+	}
+	again, err := bookTask(ctx, f.s.booker, f.s.gates.Load(), f.queue, "held", asynq.NewTask("test:call", nil), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.ready.Equal(t0.Add(40 * ms)) {
+		t.Fatalf("booked again at +%v, want +40ms: its own turn given back, the one that ran still counted", again.ready.Sub(t0))
+	}
+	if again.claims[0].g != f.s.gates.Load().drains[f.queue] {
+		t.Fatalf("booked again on %q, want the drain in force", again.claims[0].g.tag)
+	}
+	if next := f.book(t, "next"); !next.ready.Equal(t0.Add(60 * ms)) {
+		t.Fatalf("the next task at +%v, want +60ms: 20ms after, at the new rate", next.ready.Sub(t0))
+	}
+}
+
+// TestLentTurn: a fresh task on gates far from their limits is lent a
+// turn by its gates' pool: it runs now, with no turn of its own to give
+// back, and the gates count it as lent; a task back from Redis (not fresh)
+// books. Pools lend only on Redis's clock (gateSet.lend is off under an
+// injected one), so this test runs on it.
+func TestLentTurn(t *testing.T) {
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	drain := limit("token_bucket", 10_000, 10_000, "deny")
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{queue: {Drain: &drain}},
+		Quotas: map[string]LimitConfig{quota: limit("token_bucket", 10_000, 10_000, "deny")},
+		Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	})
+	ctx := context.Background()
+	lent := func() float64 {
+		return testutil.ToFloat64(s.metrics.decisions.WithLabelValues(s.gates.Load().drains[queue].name, "lent"))
+	}
+	var b bookedView
+	testkit.WaitFor(t, 5*time.Second, "a turn lent", func() bool {
+		var err error
+		if b, err = bookTask(ctx, s.booker, s.gates.Load(), queue, "fresh", asynq.NewTask("test:call", nil), false); err != nil {
+			t.Fatal(err)
+		}
+		return lent() > 0
+	})
+	if _, ok := b.outcome.(runNow); !ok || len(b.claims) != 0 {
+		t.Fatalf("a lent turn: %+v, want runNow with no turn to give back", b.outcome)
+	}
+	before := lent()
+	back := asynq.NewTaskWithHeaders("test:call", nil, map[string]string{headerOrigin: "fresh", headerHop: "1"})
+	b, err := bookTask(ctx, s.booker, s.gates.Load(), queue, "fresh~1", back, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lent() != before || len(b.claims) != 2 {
+		t.Fatalf("a task back from Redis: %+v, %v more lent; want it booked on both gates", b.outcome, lent()-before)
+	}
+}
+
+// TestBookerAlone: booking needs the limits' Redis and a gate set, no
+// Scheduler and no asynq client: a booker built alone on a manual clock
+// books a drain of 25/s with a quota of 10/s burst 5 as the Scheduler does
+// (TestBookTwoGates), and its outcomes say so: runNow, then turnAhead.
+func TestBookerAlone(t *testing.T) {
+	rdb := redistest.Client(t)
+	clock := testkit.NewClock(t0)
+	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
+	drain := limit("leaky_bucket", 25, 1, "deny")
+	cfg := Config{
+		Queues: map[string]QueueConfig{queue: {Drain: &drain}},
+		Quotas: map[string]LimitConfig{quota: limit("token_bucket", 10, 5, "deny")},
+		Tasks:  map[string]TaskConfig{"test:call": {Quotas: []string{quota}}},
+	}.Defaults()
+	m := NewMetrics(prometheus.NewRegistry())
+	gs, err := newGateSet(rdb, cfg, gateOptions{clock: clock, evaluations: m.evaluations})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gs.close)
+	bk := newBooker(rdb, m, slog.New(slog.NewTextHandler(io.Discard, nil)), schedClock{Clock: clock, injected: true})
+	var got []time.Duration
+	for i := range 8 {
+		b, err := bookTask(context.Background(), bk, gs, queue, fmt.Sprint("task-", i), asynq.NewTask("test:call", nil), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch b.outcome.(type) {
+		case runNow:
+			if i > 0 {
+				t.Fatalf("task %d runs now, want a turn ahead", i)
+			}
+		case turnAhead:
+		default:
+			t.Fatalf("task %d: %+v, want runNow or turnAhead", i, b.outcome)
+		}
+		got = append(got, b.ready.Sub(t0))
+	}
+	if want := durations(0, 40, 80, 120, 160, 200, 240, 300); fmt.Sprint(got) != want {
+		t.Fatalf("tasks ready at %v, want %v", got, want)
 	}
 }

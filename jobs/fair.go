@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -59,6 +58,7 @@ const (
 // fairGate is a queue's fair share of its drain.
 type fairGate struct {
 	name    string // metric label: "fair:<queue>"
+	share   *gate  // the gate of a task's claim on the share (see bookTurn)
 	queue   string
 	expr    *keyExpr
 	lim     throttle.Reserver
@@ -100,8 +100,8 @@ func newFairGate(rdb redis.UniversalClient, queue string, drain LimitConfig, f F
 	if err != nil {
 		return nil, fmt.Errorf("jobs: queues %q: fairness: %w", queue, err)
 	}
-	r, _ := throttle.AsReserver(lim)
-	return &fairGate{name: "fair:" + queue, queue: queue, expr: expr, lim: r, keys: throttle.FairKeys(prefix, queue),
+	name := "fair:" + queue
+	return &fairGate{name: name, share: &gate{name: name, fair: true}, queue: queue, expr: expr, lim: lim, keys: throttle.FairKeys(prefix, queue),
 		weights: f.Weights, depth: depth, limit: drain.Limit, period: drain.Period}, nil
 }
 
@@ -123,23 +123,21 @@ type lineSpot struct {
 	seen bool
 }
 
-// errLetOut is a line's answer to a task that was let out of it: the task
-// books (see lineSpot.seen).
-var errLetOut = errors.New("jobs: the task was let out of its line; it books")
-
 // park puts task id in its key's line and returns about how long until
-// the waker lets it out (for asynq's own schedule, the fallback).
-func (s *Scheduler) park(ctx context.Context, queue, id string, spot *lineSpot) (time.Duration, error) {
+// the waker lets it out (for asynq's own schedule, the fallback). letOut:
+// the waker let it out already (a task the worker sent to its line by its
+// view of the key, spot.seen), and it books instead.
+func (s *Scheduler) park(ctx context.Context, queue, id string, spot *lineSpot) (est time.Duration, letOut bool, err error) {
 	return s.runPark(ctx, queue, id, spot, false)
 }
 
 // lineWait is how long park would say, without putting the task in the
 // line: a copy goes in its line only once its id is known to be its own.
-func (s *Scheduler) lineWait(ctx context.Context, queue string, spot *lineSpot) (time.Duration, error) {
+func (s *Scheduler) lineWait(ctx context.Context, queue string, spot *lineSpot) (est time.Duration, letOut bool, err error) {
 	return s.runPark(ctx, queue, "", spot, true)
 }
 
-func (s *Scheduler) runPark(ctx context.Context, queue, id string, spot *lineSpot, dry bool) (time.Duration, error) {
+func (s *Scheduler) runPark(ctx context.Context, queue, id string, spot *lineSpot, dry bool) (time.Duration, bool, error) {
 	f := spot.fair
 	keys := append(wakeKeys(queue), f.keys...)
 	seen, estimate := "0", "0"
@@ -152,12 +150,12 @@ func (s *Scheduler) runPark(ctx context.Context, queue, id string, spot *lineSpo
 	us, err := wakeScript.Run(ctx, s.rdb, keys, s.clock.scriptNow(), "park", id, spot.booking, throttle.FairMember(spot.key),
 		f.weight(spot.key), spot.cost, f.limit, f.period.Microseconds(), seen, estimate).Int64()
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if us < 0 {
-		return 0, errLetOut
+		return 0, true, nil
 	}
-	return time.Duration(us) * time.Microsecond, nil
+	return time.Duration(us) * time.Microsecond, false, nil
 }
 
 // parkedView reports whether fresh tasks of key go straight to its line:

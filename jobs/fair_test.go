@@ -41,10 +41,10 @@ func tenant(key string) *asynq.Task {
 
 // offer books task id as a task let out of its line (letOut) or fresh,
 // and puts it in its key's line if its share refuses it (b.line).
-func (f *fairFixture) offer(t *testing.T, id string, task *asynq.Task, letOut bool) booking {
+func (f *fairFixture) offer(t *testing.T, id string, task *asynq.Task, letOut bool) bookedView {
 	t.Helper()
 	ctx := context.Background()
-	b, err := f.s.book(ctx, f.s.gates.Load(), f.queue, id, task, letOut)
+	b, err := bookTask(ctx, f.s.booker, f.s.gates.Load(), f.queue, id, task, letOut)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func (f *fairFixture) offer(t *testing.T, id string, task *asynq.Task, letOut bo
 		t.Fatalf("task %s deferred by %v, want booked or sent to its line", id, b.askIn)
 	}
 	if b.line != nil {
-		if _, err := f.s.park(ctx, f.queue, id, b.line); err != nil {
+		if _, _, err := f.s.park(ctx, f.queue, id, b.line); err != nil {
 			t.Fatal(err)
 		}
 	}

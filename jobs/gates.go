@@ -110,6 +110,10 @@ type gate struct {
 	expr *keyExpr
 	// overrides are the key values with a limit of their own (keyed).
 	overrides map[string]*gate
+	// fair: the gate is a queue's fair share (fairGate.share): it has no
+	// limit of its own, and its claim is booked and counted with the
+	// drain's.
+	fair bool
 }
 
 // claim is a gate's limiter and key for one task.
@@ -178,8 +182,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if err != nil {
 			return nil, fmt.Errorf("jobs: %s %q: %w", kind, name, err)
 		}
-		r, _ := throttle.AsReserver(lim)
-		g := &gate{name: kind + ":" + name, tag: kind + ":" + name + "@" + version, key: name, limit: l, lim: r}
+		g := &gate{name: kind + ":" + name, tag: kind + ":" + name + "@" + version, key: name, limit: l, lim: lim}
 		if l.Key == "" {
 			return g, nil
 		}

@@ -127,7 +127,7 @@ func TestKeyedQuotaOverridesAndFallback(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	now := func(payload string) bool {
-		b, err := s.book(context.Background(), s.gates.Load(), queue, payload+time.Now().String(), asynq.NewTask("test:call", []byte(payload)), false)
+		b, err := bookTask(context.Background(), s.booker, s.gates.Load(), queue, payload+time.Now().String(), asynq.NewTask("test:call", []byte(payload)), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,7 +272,7 @@ func TestHashedKeys(t *testing.T) {
 		n := 0
 		for range 10 {
 			booked++
-			b, err := s.book(context.Background(), s.gates.Load(), queue, fmt.Sprint("task-", booked), asynq.NewTask("test:call", []byte(`{"token": "`+token+`"}`)), false)
+			b, err := bookTask(context.Background(), s.booker, s.gates.Load(), queue, fmt.Sprint("task-", booked), asynq.NewTask("test:call", []byte(`{"token": "`+token+`"}`)), false)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -51,7 +51,7 @@ func TestKeyLoads(t *testing.T) {
 			for dest, n := range map[string]int{"a": 10, "b": 5, "big": 12, "c": 1} {
 				for i := range n {
 					task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": %q}`, dest))
-					if _, err := s.book(ctx, s.gates.Load(), queue, fmt.Sprint(dest, i), task, false); err != nil {
+					if _, err := bookTask(ctx, s.booker, s.gates.Load(), queue, fmt.Sprint(dest, i), task, false); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -120,7 +120,7 @@ func TestKeyLoadsOneScan(t *testing.T) {
 	s := newScheduler(t, rdb, cfg)
 	for _, dest := range []string{"a", "o3", "o29"} {
 		task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": %q}`, dest))
-		if _, err := s.book(ctx, s.gates.Load(), queue, dest, task, false); err != nil {
+		if _, err := bookTask(ctx, s.booker, s.gates.Load(), queue, dest, task, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -185,7 +185,7 @@ func TestFairKeyLoads(t *testing.T) {
 		t.Helper()
 		for i := range n {
 			id := fmt.Sprintf("%s-%d-%d", key, clock.Now().Unix(), i)
-			if _, err := s.park(ctx, queue, id, &lineSpot{fair: f, key: key, booking: queue + "/" + id, cost: 1}); err != nil {
+			if _, _, err := s.park(ctx, queue, id, &lineSpot{fair: f, key: key, booking: queue + "/" + id, cost: 1}); err != nil {
 				t.Fatal(err)
 			}
 		}

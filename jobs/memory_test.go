@@ -54,7 +54,7 @@ func TestKeyedQuotaMemoryBack(t *testing.T) {
 				for k := c; k < keys; k += callers {
 					task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": "%s%d"}`, prefix, k))
 					for i := range each {
-						if _, err := s.book(ctx, s.gates.Load(), queue, fmt.Sprintf("%s%d-%d", prefix, k, i), task, false); err != nil {
+						if _, err := bookTask(ctx, s.booker, s.gates.Load(), queue, fmt.Sprintf("%s%d-%d", prefix, k, i), task, false); err != nil {
 							t.Errorf("key %d task %d: %v", k, i, err)
 							return
 						}
@@ -192,7 +192,7 @@ func TestKeyedPoolsMemory(t *testing.T) {
 	gs := s.gates.Load()
 	book := func(i int, payload []byte) {
 		t.Helper()
-		b, err := s.book(context.Background(), gs, queue, fmt.Sprint("t", i), asynq.NewTask("test:call", payload), false)
+		b, err := bookTask(context.Background(), s.booker, gs, queue, fmt.Sprint("t", i), asynq.NewTask("test:call", payload), false)
 		if err != nil || b.askIn > 0 || b.line != nil || b.ready.After(s.clock.Now()) {
 			t.Fatalf("task %d: %+v, %v; want it to pass at once", i, b, err)
 		}
@@ -220,7 +220,7 @@ func TestKeyedPoolsMemory(t *testing.T) {
 // in its tenant's line (its tenant holds its share) or book a turn.
 func (f *fairFixture) book(t *testing.T, id string, payload []byte, parked bool) {
 	t.Helper()
-	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", payload), false)
+	b, err := bookTask(context.Background(), f.s.booker, f.s.gates.Load(), f.queue, id, asynq.NewTask("test:call", payload), false)
 	if err != nil || (b.line != nil) != parked || (!parked && b.askIn > 0) {
 		t.Fatalf("task %s: %+v, %v; want it parked: %v", id, b, err, parked)
 	}

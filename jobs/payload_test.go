@@ -97,12 +97,12 @@ func TestPayloadReadAsDecoded(t *testing.T) {
 			if err := json.Unmarshal([]byte(payload), &decoded); err != nil {
 				t.Fatalf("%s: %v", payload, err)
 			}
-			want := outcome(prg.Eval(map[string]any{"payload": decoded, "type": "t", "queue": "q"}))
+			want := evalOutcome(prg.Eval(map[string]any{"payload": decoded, "type": "t", "queue": "q"}))
 			vars := newTaskVars("q", "id", "t", []byte(payload))
 			if err := vars.check(); err != nil {
 				t.Fatalf("%s: %v", payload, err)
 			}
-			if got := outcome(prg.Eval(vars)); got != want {
+			if got := evalOutcome(prg.Eval(vars)); got != want {
 				t.Errorf("%s on %s: %s; decoded whole it gives %s", source, payload, got, want)
 			}
 			if want != "an error" {
@@ -118,10 +118,10 @@ func TestPayloadReadAsDecoded(t *testing.T) {
 	}
 }
 
-// outcome says what an evaluation gave: a value and its type, or that it
+// evalOutcome says what an evaluation gave: a value and its type, or that it
 // failed (the message may differ: a missing key reads the same either way,
 // but the test asks only that both fail).
-func outcome(out interface{ Value() any }, _ any, err error) string {
+func evalOutcome(out interface{ Value() any }, _ any, err error) string {
 	if err != nil {
 		return "an error"
 	}

@@ -34,7 +34,7 @@ func newKeyedFixture(t *testing.T, quota LimitConfig) *keyedFixture {
 
 // book books a fresh task for dest, which must pass at once.
 func (f *keyedFixture) book(t testing.TB, id, dest string) {
-	b, err := f.s.book(context.Background(), f.s.gates.Load(), f.queue, id,
+	b, err := bookTask(context.Background(), f.s.booker, f.s.gates.Load(), f.queue, id,
 		asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": %q}`, dest)), false)
 	if err != nil || b.askIn > 0 || b.line != nil || b.ready.After(f.s.clock.Now()) {
 		t.Errorf("task %s for %s: %+v, %v; want it to pass at once", id, dest, b, err)

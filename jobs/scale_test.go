@@ -71,7 +71,7 @@ func testKeyedQuotaScale(t *testing.T, rdb redis.UniversalClient) {
 			for k := c; k < keys; k += callers {
 				task := asynq.NewTask("test:call", fmt.Appendf(nil, `{"dest": "k%d"}`, k))
 				for i := range each {
-					b, err := s.book(ctx, s.gates.Load(), queue, fmt.Sprintf("k%d-%d", k, i), task, false)
+					b, err := bookTask(ctx, s.booker, s.gates.Load(), queue, fmt.Sprintf("k%d-%d", k, i), task, false)
 					if err != nil || b.askIn > 0 || len(b.turns) != 1 {
 						t.Errorf("key %d task %d: %+v, %v; want a turn", k, i, b, err)
 						return

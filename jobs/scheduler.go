@@ -9,13 +9,11 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -72,11 +70,7 @@ type Scheduler struct {
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
-	holding sync.Map      // queue -> *atomic.Int64: tasks waiting in this worker
-	lines   lineViews     // the backlog lines' tails, as last read (backlog.go)
-	logGate throttle.Limiter
-	// keyLogGate: a failed key expression is logged once a minute per limit.
-	keyLogGate throttle.Limiter
+	*booker               // a task's turns on its gates (booking.go)
 
 	// The fleet's housekeeping, one service each, run by Run.
 	fleet   *fleetSize    // live workers in the fleet, for the local policy
@@ -106,13 +100,12 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	for _, opt := range opts {
 		opt(s)
 	}
+	s.booker = newBooker(rdb, m, log, s.clock)
 	deps := fleetDeps{rdb: rdb, queues: queues, clock: s.clock, log: log, worker: s.worker, gates: s.gates.Load}
 	s.board = newBlockBoard(deps)
 	s.waker = newWaker(deps, m)
 	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
 	s.rates = &rateRecorder{fleetDeps: deps}
-	s.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: 10 * time.Second})
-	s.keyLogGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: time.Minute})
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
@@ -227,71 +220,75 @@ func (s *Scheduler) Middleware(next asynq.Handler) asynq.Handler {
 	})
 }
 
-// process takes a task along its path: its turn on the rate gates (book),
-// the wait for it (hold here, or requeue to Redis), an upstream's block,
-// the concurrency slots, then its handler. What the task took on the way
+// process takes a task along its path: its turn on the rate gates (book,
+// whose outcome says what comes next), the wait for it (hold here, or
+// requeue to Redis), an upstream's block, the concurrency slots, then its
+// handler. The task is read once (taskRef). What the task took on the way
 // is given back by one defer, whatever the handler does: return, panic
 // (asynq recovers it above this middleware and fails the task with it) or
 // runtime.Goexit.
 func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handler) error {
 	queue, _ := asynq.GetQueueName(ctx)
 	id, _ := asynq.GetTaskID(ctx)
+	task := refOf(ctx, queue, id, t)
 	tk := &taken{s: s, ctx: ctx, queue: queue}
 	defer tk.giveBack()
 	var gs *gateSet
-	var b booking
 	letOut := false
+booking:
 	for {
 		gs = s.gates.Load()
-		var err error
-		if b, err = s.book(ctx, gs, queue, id, t, letOut); err != nil {
+		o, err := s.book(ctx, gs, task, letOut)
+		if err != nil {
 			return err
 		}
-		if b.line != nil {
-			if err := s.waitInLine(ctx, t, queue, id, b.line); !errors.Is(err, errLetOut) {
+		switch o := o.(type) {
+		case runNow:
+			tk.turns = o.turns
+			break booking
+		case turnAhead:
+			tk.turns = o.turns
+			wait := o.ready.Sub(s.clock.Now())
+			if wait <= 0 {
+				break booking
+			}
+			switch s.hold(ctx, gs, task, wait) {
+			case held:
+				break booking
+			case toRedis:
+				// Its turns stay kept under its booking ID: back for them
+				// just before they come, it gets them.
+				tk.keepTurns()
+				return s.waitInRedis(ctx, task, dueBack{d: wait - requeueLead, at: o.at.Add(-requeueLead)})
+			case limitsChanged:
+				s.giveBackStale(ctx, gs, tk) // booked at the old rate: book at the new one
+			}
+		case notedIn:
+			return s.waitNoted(queue, o.d)
+		case askAgainIn:
+			return s.waitInRedis(ctx, task, o)
+		case waitInLine:
+			if letOut, err = s.waitInLine(ctx, task, o.spot); !letOut {
 				return err
 			}
-			letOut = true // it was let out of its line: it books
-			continue
+			// Let out of its line, it books.
+		default:
+			panic(fmt.Sprintf("jobs: process has no case for outcome %T", o)) // a new outcome must have one
 		}
-		if b.askIn > 0 {
-			if b.noted {
-				return s.waitNoted(queue, b.askIn)
-			}
-			return s.waitInRedis(ctx, t, queue, id, b.askIn)
-		}
-		wait := b.ready.Sub(s.clock.Now())
-		if wait <= 0 {
-			break
-		}
-		if b.noted {
-			return s.waitNoted(queue, wait-requeueLead)
-		}
-		switch s.hold(ctx, gs, queue, wait) {
-		case toRedis:
-			// Its turns stay kept under its booking ID: back for them just
-			// before they come, it gets them.
-			return s.waitForTurn(ctx, t, queue, id, wait-requeueLead, b.at.Add(-requeueLead))
-		case limitsChanged:
-			s.giveBackStale(ctx, gs, b) // booked at the old rate: book at the new one
-			continue
-		}
-		break
 	}
 	// Its turns have come: from here on they are given back unless its
 	// handler starts.
-	tk.turns = b
 	if err := ctx.Err(); err != nil {
 		return err // shutting down: asynq puts the task back; its turns go to others
 	}
 	// A turn booked before an upstream said "not now" is not used until it
 	// allows again: the task books a new one then.
 	if until := s.blockedUntil(gs, queue, id, t); s.clock.Now().Before(until) {
-		return s.waitInRedis(ctx, t, queue, id, until.Sub(s.clock.Now()))
+		return s.waitInRedis(ctx, task, askAgainIn{until.Sub(s.clock.Now())})
 	}
-	slots, retryIn := s.takeSlots(ctx, gs, queue, t)
+	slots, retryIn := s.takeSlots(ctx, gs, task)
 	if slots == nil {
-		return s.waitInRedis(ctx, t, queue, id, retryIn)
+		return s.waitInRedis(ctx, task, askAgainIn{retryIn})
 	}
 	tk.slots = slots
 	select {
@@ -306,7 +303,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	if tk.giveBack() && err != nil {
 		// Stopped for losing a concurrency slot: not a failure of the
 		// task, which waits in Redis and runs again once it has its slots.
-		return s.waitInRedis(ctx, t, queue, id, 0)
+		return s.waitInRedis(ctx, task, askAgainIn{0})
 	}
 	var busy *UpstreamBusyError
 	result := "ok"
@@ -318,7 +315,7 @@ func (s *Scheduler) process(ctx context.Context, t *asynq.Task, next asynq.Handl
 	}
 	tk.complete(result)
 	if busy != nil {
-		return s.upstreamBusy(ctx, gs, queue, id, t, busy)
+		return s.upstreamBusy(ctx, gs, task, busy)
 	}
 	return err
 }
@@ -331,9 +328,9 @@ type taken struct {
 	ctx   context.Context
 	queue string
 
-	turns   booking   // turns not used: given back unless the handler started
-	slots   *slotHold // concurrency slots held, or nil
-	running bool      // it holds a run token (s.running)
+	turns   bookedTurns // turns not used: given back unless the handler started
+	slots   *slotHold   // concurrency slots held, or nil
+	running bool        // it holds a run token (s.running)
 
 	typeLabel string // the task's type in the metrics, once its handler started
 	started   bool   // its handler was called: its turns are used
@@ -342,7 +339,19 @@ type taken struct {
 
 // start notes that the task's handler is about to run: its turns are used.
 func (tk *taken) start(typeLabel string) {
-	tk.started, tk.typeLabel, tk.turns = true, typeLabel, booking{}
+	tk.started, tk.typeLabel, tk.turns = true, typeLabel, bookedTurns{}
+}
+
+// keepTurns notes that the task goes back to Redis with its turns, kept
+// under its booking ID for when it comes back: they are not given back.
+func (tk *taken) keepTurns() { tk.turns = bookedTurns{} }
+
+// giveBackTurns gives back the turns the task holds, if any.
+func (tk *taken) giveBackTurns() {
+	if len(tk.turns.claims) > 0 {
+		tk.s.giveBack(tk.ctx, tk.turns)
+		tk.turns = bookedTurns{}
+	}
 }
 
 // complete counts the handler's end with result.
@@ -363,10 +372,7 @@ func (tk *taken) giveBack() (lost bool) {
 		<-tk.s.running
 		tk.running = false
 	}
-	if len(tk.turns.claims) > 0 {
-		tk.s.giveBack(tk.ctx, tk.turns)
-		tk.turns = booking{}
-	}
+	tk.giveBackTurns()
 	if tk.started && !tk.returned {
 		tk.complete("error")
 	}
@@ -375,8 +381,8 @@ func (tk *taken) giveBack() (lost bool) {
 
 // logRedisError logs that the limits' Redis failed, at most once every
 // 10 seconds per queue: an outage must not flood the log.
-func (s *Scheduler) logRedisError(queue string, err error) {
-	if d, _ := s.logGate.AllowN(context.Background(), queue, 1); d.Allowed {
-		s.log.Warn("gates cannot reach redis; tasks wait in Redis and ask again (further failures in the next 10s are only counted)", "queue", queue, "err", err)
+func (b *booker) logRedisError(queue string, err error) {
+	if d, _ := b.logGate.AllowN(context.Background(), queue, 1); d.Allowed {
+		b.log.Warn("gates cannot reach redis; tasks wait in Redis and ask again (further failures in the next 10s are only counted)", "queue", queue, "err", err)
 	}
 }

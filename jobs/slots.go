@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/throttle"
@@ -68,11 +67,11 @@ func stopMargin(lease time.Duration) time.Duration { return lease / 6 }
 // then on, also while the task waits for the next. It returns nil and how
 // soon to ask again if the task must go back to Redis: a slot is not free,
 // or Redis failed and the slot's policy is wait.
-func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, queue string, t *asynq.Task) (*slotHold, time.Duration) {
+func (s *Scheduler) takeSlots(ctx context.Context, gs *gateSet, task taskRef) (*slotHold, time.Duration) {
+	t, queue, id := task.t, task.queue, task.id
 	if !gs.routeOf(queue, t.Type()).slots {
 		return &slotHold{ctx: ctx}, 0 // nothing to take, renew or release
 	}
-	id, _ := asynq.GetTaskID(ctx)
 	h := &slotHold{s: s, holder: slotHolder(s.worker, queue, id), stop: make(chan struct{})}
 	h.ctx, h.cancel = context.WithCancelCause(ctx)
 	deadline := s.clock.Now().Add(gs.cfg.Worker.HoldMax)

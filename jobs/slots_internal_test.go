@@ -28,7 +28,7 @@ func TestAmbiguousAcquireReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.LoseReplies(1)
-	slots, retryIn := s.takeSlots(ctx, s.gates.Load(), queue, asynq.NewTask("test:record", nil))
+	slots, retryIn := s.takeSlots(ctx, s.gates.Load(), refOf(ctx, queue, "", asynq.NewTask("test:record", nil)))
 	if slots != nil || retryIn != redisRetry {
 		t.Fatalf("takeSlots after an Acquire without reply: %v, ask again in %v; want the task back in Redis, asking again in %v", slots, retryIn, redisRetry)
 	}

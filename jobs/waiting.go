@@ -55,10 +55,11 @@ const (
 // to worker.reserve_max, as long as its deadline allows: in Redis it would
 // have to be a copy, and its id and Unique lock would be free meanwhile.
 // A config with other limits ends the wait: the task books again.
-func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait time.Duration) holdResult {
-	if wait > holdLongest(ctx, gs) && wait > alwaysHold {
+func (s *Scheduler) hold(ctx context.Context, gs *gateSet, task taskRef, wait time.Duration) holdResult {
+	if wait > holdLongest(ctx, gs, task) && wait > alwaysHold {
 		return toRedis
 	}
+	queue := task.queue
 	holding := s.holdingOf(queue)
 	if holding.Add(1) > holdRoom(gs) && wait > alwaysHold {
 		holding.Add(-1)
@@ -72,7 +73,7 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, queue string, wait ti
 	case <-ctx.Done():
 	case <-s.clock.After(wait):
 	case <-gs.replaced:
-		return limitsChanged // the caller gives its turns back (giveBackStale)
+		return limitsChanged // the task gives its turns back (giveBackStale)
 	}
 	gs.held.leave(gs.replaced)
 	return held
@@ -110,11 +111,11 @@ func (h *heldTurns) leave(replaced <-chan struct{}) {
 // (a script call each, all at once).
 const staleGiveBackWait = 250 * time.Millisecond
 
-// giveBackStale gives back turns b booked under gs's limits, which a config
-// with other limits replaced while the task held them, and waits until the
-// others held here with it have given theirs back too.
-func (s *Scheduler) giveBackStale(ctx context.Context, gs *gateSet, b booking) {
-	s.giveBack(ctx, b)
+// giveBackStale gives back the turns tk holds, booked under gs's limits,
+// which a config with other limits replaced while the task held them, and
+// waits until the others held here with it have given theirs back too.
+func (s *Scheduler) giveBackStale(ctx context.Context, gs *gateSet, tk *taken) {
+	tk.giveBackTurns()
 	gs.held.leave(gs.replaced)
 	select {
 	case <-gs.held.allBack:
@@ -123,21 +124,21 @@ func (s *Scheduler) giveBackStale(ctx context.Context, gs *gateSet, b booking) {
 	}
 }
 
-// holdsUpTo is the longest wait a task of queue would hold for in this
+// holdsUpTo is the longest wait task would hold for in this
 // worker now (see hold); one that must wait longer goes back to Redis.
-func (s *Scheduler) holdsUpTo(ctx context.Context, gs *gateSet, queue string) time.Duration {
-	if s.holdingOf(queue).Load() >= holdRoom(gs) {
+func (b *booker) holdsUpTo(ctx context.Context, gs *gateSet, task taskRef) time.Duration {
+	if b.holdingOf(task.queue).Load() >= holdRoom(gs) {
 		return alwaysHold
 	}
-	return max(holdLongest(ctx, gs), alwaysHold)
+	return max(holdLongest(ctx, gs, task), alwaysHold)
 }
 
 // holdLongest is how long a task may wait in the worker, room allowing:
 // worker.hold_max, or worker.reserve_max for a task with no retry left, as
 // long as its deadline allows.
-func holdLongest(ctx context.Context, gs *gateSet) time.Duration {
+func holdLongest(ctx context.Context, gs *gateSet, task taskRef) time.Duration {
 	longest := gs.cfg.Worker.HoldMax
-	if exhausted(ctx) {
+	if task.exhausted {
 		longest = gs.cfg.Worker.ReserveMax
 	}
 	if deadline, ok := ctx.Deadline(); ok {
@@ -150,35 +151,40 @@ func holdLongest(ctx context.Context, gs *gateSet) time.Duration {
 // worker.waiting.
 func holdRoom(gs *gateSet) int64 { return int64(max(1, gs.cfg.Worker.Waiting/2)) }
 
-func (s *Scheduler) holdingOf(queue string) *atomic.Int64 {
-	v, _ := s.holding.LoadOrStore(queue, new(atomic.Int64))
+func (b *booker) holdingOf(queue string) *atomic.Int64 {
+	v, _ := b.holding.LoadOrStore(queue, new(atomic.Int64))
 	return v.(*atomic.Int64)
 }
 
-// exhausted reports whether the task has no retry left: asynq would archive
-// it on the retry path.
-func exhausted(ctx context.Context) bool {
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	return retried >= maxRetry
+// redisWait is how a task waits in Redis: askAgainIn (due back in d),
+// dueBack (for turns kept under its booking ID) or waitInLine (in its
+// key's line, until the waker lets it out).
+type redisWait interface{ redisWait() }
+
+// dueBack: the task is due back at at, on the limiters' clock (in d on
+// ours), for the turns it keeps under its booking ID; it is noted without
+// asking Redis for the time.
+type dueBack struct {
+	d  time.Duration
+	at time.Time
 }
 
-// waitInRedis sends a task that must wait back to Redis, due back in wait
-// (its turns, if it holds any, stay kept under its booking ID in the
+func (askAgainIn) redisWait() {}
+func (dueBack) redisWait()    {}
+func (waitInLine) redisWait() {}
+
+// waitInRedis sends a task that must wait back to Redis, as w says (its
+// turns, if it holds any, stay kept under its booking ID in the
 // limiters), and notes when it is due in its queue's wake set. A task with
 // a retry left goes through asynq's retry path: the same task, so its id
 // and Unique lock stay taken while it waits. A task with none left would be
 // archived on that path; it goes back as a copy instead (copyForLater).
-// Either way it is never failed, retried or archived for waiting.
-func (s *Scheduler) waitInRedis(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration) error {
-	return s.waitIn(ctx, t, queue, id, wait, time.Time{}, nil)
-}
-
-// waitForTurn is waitInRedis for a task that just booked its turns: due
-// back at on the limiters' clock (in wait on ours), noted without asking
-// Redis for the time.
-func (s *Scheduler) waitForTurn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time) error {
-	return s.waitIn(ctx, t, queue, id, wait, at, nil)
+// Either way it is never failed, retried or archived for waiting. w is
+// askAgainIn or dueBack; a task bound for its key's line goes by
+// waitInLine.
+func (s *Scheduler) waitInRedis(ctx context.Context, task taskRef, w redisWait) error {
+	_, err := s.waitIn(ctx, task, w)
+	return err
 }
 
 // waitNoted is waitInRedis for a task that its booking noted in the wake
@@ -190,59 +196,66 @@ func (s *Scheduler) waitNoted(queue string, wait time.Duration) error {
 }
 
 // waitInLine is waitInRedis for a task whose key holds its fair share:
-// it waits in its key's line until the queue's waker lets it out.
-func (s *Scheduler) waitInLine(ctx context.Context, t *asynq.Task, queue, id string, line *lineSpot) error {
-	return s.waitIn(ctx, t, queue, id, 0, time.Time{}, line)
+// it waits in its key's line until the queue's waker lets it out. letOut:
+// the waker let it out already (see lineSpot.seen), and it books.
+func (s *Scheduler) waitInLine(ctx context.Context, task taskRef, spot *lineSpot) (letOut bool, err error) {
+	return s.waitIn(ctx, task, waitInLine{spot})
 }
 
-func (s *Scheduler) waitIn(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time, line *lineSpot) error {
-	if !exhausted(ctx) {
-		wait, err := s.note(ctx, queue, id, wait, at, line)
-		if err != nil {
-			return err
+func (s *Scheduler) waitIn(ctx context.Context, task taskRef, w redisWait) (letOut bool, err error) {
+	if !task.exhausted {
+		wait, letOut := s.note(ctx, task.queue, task.id, w)
+		if letOut {
+			return true, nil
 		}
-		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
-		return &waitError{wait: wait}
+		s.metrics.throttled.WithLabelValues(task.queue, "requeued").Inc()
+		return false, &waitError{wait: wait}
 	}
-	err := s.requeue(ctx, t, queue, id, wait, at, line)
-	if !errors.Is(err, errLetOut) {
-		s.metrics.throttled.WithLabelValues(queue, "requeued").Inc()
+	if letOut, err = s.requeue(ctx, task, w); !letOut {
+		s.metrics.throttled.WithLabelValues(task.queue, "requeued").Inc()
 	}
-	return err
+	return letOut, err
 }
 
-// note notes task id of queue in the wake set, due back in wait (at, on
-// the limiters' clock, if not zero), or in its key's line; it returns when
-// asynq should bring it back by itself if nobody does (less wakeLatest).
-// errLetOut: the task books instead.
-func (s *Scheduler) note(ctx context.Context, queue, id string, wait time.Duration, at time.Time, line *lineSpot) (time.Duration, error) {
-	if line == nil {
-		if err := s.waker.note(ctx, queue, id, wait, at); err != nil {
-			s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
+// note notes task id of queue as w says: in the wake set, due back in d
+// (at, on the limiters' clock, for dueBack), or in its key's line; it
+// returns when asynq should bring it back by itself if nobody does (less
+// wakeLatest). letOut: the task was let out of its line, and books.
+func (s *Scheduler) note(ctx context.Context, queue, id string, w redisWait) (wait time.Duration, letOut bool) {
+	var at time.Time
+	switch w := w.(type) {
+	case waitInLine:
+		est, letOut, err := s.park(ctx, queue, id, w.spot)
+		if letOut {
+			return 0, true
 		}
-		return wait, nil
+		return s.inLine(queue, id, est, err), false
+	case dueBack:
+		wait, at = w.d, w.at
+	case askAgainIn:
+		wait = w.d
 	}
-	est, err := s.park(ctx, queue, id, line)
-	return s.inLine(queue, id, est, err)
+	if err := s.waker.note(ctx, queue, id, wait, at); err != nil {
+		s.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", id, "err", err)
+	}
+	return wait, false
 }
 
 // inLine is how long task id in its key's line (est, from park or
 // lineWait) waits for asynq's own schedule: the waker lets it out as its
 // key's share allows, and asynq's schedule is the fallback, well after the
-// estimate. errLetOut: the task books instead.
-func (s *Scheduler) inLine(queue, id string, est time.Duration, err error) (time.Duration, error) {
-	if errors.Is(err, errLetOut) {
-		return 0, err
-	}
+// estimate.
+func (s *Scheduler) inLine(queue, id string, est time.Duration, err error) time.Duration {
 	if err != nil {
 		s.log.Warn("cannot put a task in its key's line; it asks again in a second", "queue", queue, "id", id, "err", err)
-		return redisRetry, nil
+		return redisRetry
 	}
-	return 2*est + parkedFallback, nil
+	return 2*est + parkedFallback
 }
 
-// requeue sends a copy of the task back to Redis, due in wait, and revokes
-// this one: asynq then deletes it without counting a failure or a retry.
+// requeue sends a copy of the task back to Redis, waiting as w says, and
+// revokes this one: asynq then deletes it without counting a failure or a
+// retry. letOut: the task was let out of its key's line, and books.
 //
 // While Redis cannot take the copy (restarting, loading its data, failing
 // over), requeue tries again, backing off to once a second, for as long as
@@ -250,32 +263,33 @@ func (s *Scheduler) inLine(queue, id string, est time.Duration, err error) (time
 // and an error would cost it a retry; asynq archives a task that errs with
 // none left, failure or not. The copy's id is fixed, so an attempt that
 // reached Redis unanswered makes the next one a harmless duplicate.
-func (s *Scheduler) requeue(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time, line *lineSpot) error {
+func (s *Scheduler) requeue(ctx context.Context, task taskRef, w redisWait) (letOut bool, err error) {
+	queue, id := task.queue, task.id
 	giveUp := func(err error, attempts int) error {
 		s.log.Warn("cannot requeue a task that must wait; asynq will retry it", "queue", queue, "id", id, "attempts", attempts, "err", err)
 		return fmt.Errorf("%w: %v", errWaitInRedis, err)
 	}
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := s.copyForLater(ctx, t, queue, id, wait, at, line)
-		if errors.Is(err, errLetOut) {
-			return err
+		letOut, err := s.copyForLater(ctx, task, w)
+		if letOut {
+			return true, nil
 		}
 		if err == nil {
 			if attempt > 1 {
 				s.log.Info("requeued a task that must wait", "queue", queue, "id", id, "attempts", attempt)
 			}
-			return asynq.RevokeTask
+			return false, asynq.RevokeTask
 		}
 		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
-			return giveUp(err, attempt) // Redis answered: no attempt will find it
+			return false, giveUp(err, attempt) // Redis answered: no attempt will find it
 		}
 		if attempt == 1 {
 			s.log.Warn("cannot requeue a task that must wait; trying again", "queue", queue, "id", id, "err", err)
 		}
 		select {
 		case <-ctx.Done():
-			return giveUp(err, attempt)
+			return false, giveUp(err, attempt)
 		case <-s.clock.After(backoff):
 		}
 		backoff = min(2*backoff, time.Second)
@@ -291,10 +305,11 @@ const maxCopyIDs = 8
 // the copy already made only if that task is provably it (same type,
 // payload, origin and hop); a producer may have chosen the id, and then the
 // copy takes the next one (<origin>~<hop>~2, ...).
-func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id string, wait time.Duration, at time.Time, line *lineSpot) error {
+func (s *Scheduler) copyForLater(ctx context.Context, task taskRef, w redisWait) (letOut bool, err error) {
+	t, queue, id := task.t, task.queue, task.id
 	info, err := s.inspector.GetTaskInfo(queue, id)
 	if err != nil {
-		return err
+		return false, err
 	}
 	headers := maps.Clone(t.Headers())
 	if headers == nil {
@@ -316,15 +331,27 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		}
 		return copyID
 	}
-	if line != nil {
+	var wait time.Duration
+	switch mode := w.(type) {
+	case askAgainIn:
+		wait = mode.d
+	case dueBack:
+		wait = mode.d
+	case waitInLine:
 		// Its wait in its line, for asynq's schedule (the fallback after
 		// the estimate). The copy goes in its line once made, under the id
 		// it got: the line's ids are moved to pending as they are let out,
 		// and an id taken by another task would move that task.
-		est, err := s.lineWait(ctx, queue, line)
-		if wait, err = s.inLine(queue, id, est, err); err != nil {
-			return err
+		est, letOut, err := s.lineWait(ctx, queue, mode.spot)
+		if letOut {
+			return true, nil
 		}
+		wait = s.inLine(queue, id, est, err)
+		// Whether it was let out is asked now: once in the line, it
+		// waits there.
+		parked := *mode.spot
+		parked.seen = false
+		w = waitInLine{&parked}
 	}
 	opts := []asynq.Option{
 		asynq.Queue(queue),
@@ -347,23 +374,17 @@ func (s *Scheduler) copyForLater(ctx context.Context, t *asynq.Task, queue, id s
 		_, err := s.client.EnqueueContext(ctx, copied, append(opts, asynq.TaskID(copyID))...)
 		if errors.Is(err, asynq.ErrTaskIDConflict) {
 			if s.isCopy(queue, copyID, copied) {
-				return nil // an earlier attempt, or an earlier run of this task, made it
+				return false, nil // an earlier attempt, or an earlier run of this task, made it
 			}
 			continue
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
-		if line != nil {
-			// Whether it was let out was asked by lineWait: in the line now,
-			// it waits there.
-			parked := *line
-			line, parked.seen = &parked, false
-		}
-		_, _ = s.note(ctx, queue, copyID, wait, at, line)
-		return nil
+		s.note(ctx, queue, copyID, w)
+		return false, nil
 	}
-	return fmt.Errorf("jobs: %d ids for the copy of task %s are taken by other tasks", maxCopyIDs, id)
+	return false, fmt.Errorf("jobs: %d ids for the copy of task %s are taken by other tasks", maxCopyIDs, id)
 }
 
 // isCopy reports whether task id of queue is provably want: the same type,
@@ -380,7 +401,8 @@ func (s *Scheduler) isCopy(queue, id string, want *asynq.Task) bool {
 // upstreamBusy blocks every quota of the task's type until the upstream's
 // Retry-After has passed, on every worker, and sends the task back to wait
 // for it: an API that says "not now" has not failed the task.
-func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id string, t *asynq.Task, busy *UpstreamBusyError) error {
+func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef, busy *UpstreamBusyError) error {
+	t, queue, id := task.t, task.queue, task.id
 	if busy.Ignored != "" {
 		s.log.Warn("upstream busy: its Retry-After is ignored", "type", t.Type(), "status", busy.Status, "why", busy.Ignored)
 	}
@@ -412,7 +434,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, queue, id str
 		longest = min(wait, defaultMaxBlock) // no quota to bound it: the default
 	}
 	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", longest)
-	return s.waitInRedis(ctx, t, queue, id, longest)
+	return s.waitInRedis(ctx, task, askAgainIn{longest})
 }
 
 // WaitingTask reports whether a task asynq holds in its retry or scheduled

@@ -36,7 +36,7 @@ type FairSpec struct {
 // key is tag too, so that both are booked in one script run. It exists
 // only on Redis: when Redis fails, its claims are let through (the drain
 // applies its own policy). WithPrefix and WithClock apply as for New.
-func NewFairShare(rdb redis.UniversalClient, tag string, spec FairSpec, opts ...Option) (Limiter, error) {
+func NewFairShare(rdb redis.UniversalClient, tag string, spec FairSpec, opts ...Option) (Reserver, error) {
 	drain := Spec{Algorithm: LeakyBucket, Limit: spec.Limit, Period: spec.Period, Burst: max(1, spec.Depth)}
 	c, err := compile(drain)
 	if err != nil {

@@ -42,11 +42,10 @@ func TestLoads(t *testing.T) {
 		t.Run(e.name, func(t *testing.T) {
 			clock := testkit.NewClock(t0)
 			spec := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 4, Period: time.Second, Burst: 4}
-			lim, err := throttle.New(e.rdb, spec, throttle.WithClock(clock), throttle.WithPrefix(redistest.Prefix(t)), throttle.WithRecentThrottles())
+			r, err := throttle.New(e.rdb, spec, throttle.WithClock(clock), throttle.WithPrefix(redistest.Prefix(t)), throttle.WithRecentThrottles())
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, _ := throttle.AsReserver(lim)
 			// "busy{1}": 4 at once, 6 booked ahead (throttled), 1 refused
 			// (throttled); "quiet %": 1; long: 1.
 			for i := range 10 {
@@ -55,15 +54,15 @@ func TestLoads(t *testing.T) {
 					t.Fatalf("reservation %d: %+v, %v", i, res, err)
 				}
 			}
-			if d, err := lim.AllowN(ctx, "busy{1}", 1); err != nil || d.Allowed {
+			if d, err := r.AllowN(ctx, "busy{1}", 1); err != nil || d.Allowed {
 				t.Fatalf("AllowN on a full key: %+v, %v", d, err)
 			}
 			for _, key := range []string{"quiet %", long} {
-				if d, err := lim.AllowN(ctx, key, 1); err != nil || !d.Allowed {
+				if d, err := r.AllowN(ctx, key, 1); err != nil || !d.Allowed {
 					t.Fatalf("AllowN(%q): %+v, %v", key, d, err)
 				}
 			}
-			got := loadsByKey(t)(throttle.Loads(ctx, lim))
+			got := loadsByKey(t)(throttle.Loads(ctx, r))
 			want := map[string]throttle.KeyLoad{
 				"busy{1}": {Key: "busy{1}", Waiting: 6, Throttled: 7},
 				"quiet %": {Key: "quiet %", CanAdmit: true, Remaining: 3},
@@ -84,12 +83,12 @@ func TestLoads(t *testing.T) {
 			// 1s on: 4 of the 6 turns ahead have come (a turn a second
 			// apart each 250ms).
 			clock.Add(time.Second)
-			if got := loadsByKey(t)(throttle.Loads(ctx, lim))["busy{1}"]; got.Waiting != 2 || got.Throttled != 7 || got.CanAdmit {
+			if got := loadsByKey(t)(throttle.Loads(ctx, r))["busy{1}"]; got.Waiting != 2 || got.Throttled != 7 || got.CanAdmit {
 				t.Errorf("1s on, Loads[busy{1}] = %+v, want 2 waiting, 7 throttled", got)
 			}
 			// A minute and more on: nothing throttled lately, all turns passed.
 			clock.Add(80 * time.Second)
-			if got := loadsByKey(t)(throttle.Loads(ctx, lim))["busy{1}"]; got != (throttle.KeyLoad{Key: "busy{1}", CanAdmit: true, Remaining: 4}) && got.Key != "" {
+			if got := loadsByKey(t)(throttle.Loads(ctx, r))["busy{1}"]; got != (throttle.KeyLoad{Key: "busy{1}", CanAdmit: true, Remaining: 4}) && got.Key != "" {
 				t.Errorf("81s on, Loads[busy{1}] = %+v, want idle", got)
 			}
 		})

@@ -51,7 +51,7 @@ func lossyPairs(t *testing.T, spec throttle.Spec, key string) map[string]lossyPa
 			if err != nil {
 				t.Fatal(err)
 			}
-			*c.lim, _ = throttle.AsReserver(lim)
+			*c.lim = lim
 		}
 		p.loseNext = func(t *testing.T) {
 			t.Helper()

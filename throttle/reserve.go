@@ -82,12 +82,6 @@ type Reservation struct {
 	pieces string // what Cancel gives back otherwise
 }
 
-// AsReserver returns lim as a Reserver, if it is one.
-func AsReserver(lim Limiter) (Reserver, bool) {
-	r, ok := lim.(Reserver)
-	return r, ok
-}
-
 // piecesOf is what giving r back gives back: what its call returned, or
 // for the windowed algorithms, whose turns are their instants, r.At.
 func (c compiled) piecesOf(r Reservation) string {
