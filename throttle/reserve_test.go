@@ -73,10 +73,10 @@ func TestReservationsOnEveryAlgorithm(t *testing.T) {
 		if d := allow(t, lim, "k", 1); d.Allowed || d.RetryAfter < r.Delay {
 			t.Fatalf("plain call after a reservation at +%v = %+v, want denied until at least then", r.Delay, d)
 		}
-		if _, err := lim.(throttle.Reserver).ReserveN(context.Background(), "k", 1, -time.Second); !errors.Is(err, throttle.ErrMisuse) {
+		if _, err := lim.ReserveN(context.Background(), "k", 1, -time.Second); !errors.Is(err, throttle.ErrMisuse) {
 			t.Fatalf("ReserveN with a negative maxWait: %v, want ErrMisuse", err)
 		}
-		if err := lim.(throttle.Reserver).Cancel(context.Background(), "k", throttle.Reservation{N: 1}); !errors.Is(err, throttle.ErrMisuse) {
+		if err := lim.Cancel(context.Background(), "k", throttle.Reservation{N: 1}); !errors.Is(err, throttle.ErrMisuse) {
 			t.Fatalf("Cancel of a reservation that is not OK: %v, want ErrMisuse", err)
 		}
 	})
