@@ -68,7 +68,7 @@ func lineOf(queue string, c claim, cost int) (backlogLine, bool) {
 	sum := sha256.Sum256([]byte(c.g.tag + "\x00" + c.key))
 	return backlogLine{
 		gate:     c.g.name,
-		key:      throttle.Key("sluice:backlog:", queue) + ":" + hex.EncodeToString(sum[:12]),
+		key:      backlogLineKey(queue, hex.EncodeToString(sum[:12])),
 		interval: max(1, int64(cost)*limit.Period.Microseconds()/int64(limit.Limit)),
 	}, true
 }
@@ -145,10 +145,6 @@ func (b *booker) activeLine(ctx context.Context, queue string, claims []claim, c
 	}
 	return lines[longest], true
 }
-
-// queueLines is where the furthest tail of a queue's lines is kept (the
-// member "t" of a sorted set), in the queue's slot.
-func queueLines(queue string) string { return throttle.Key("sluice:backlog:", queue) }
 
 // readLines returns the tails of the lines keys (0 for none), read again
 // from Redis for those whose view is older than lineViewFresh, with Redis's

@@ -17,10 +17,10 @@ import (
 	"github.com/sluicehq/sluice/throttle"
 )
 
-// blockChannel carries "<quota> <µs>" to every worker when an upstream
-// said "not now": tasks that already hold a turn on the quota learn of it
-// before they call (new turns are kept out by the quota's own block).
-const blockChannel = "sluice:blocked"
+// blockChannel (rediskeys.go) carries "<quota> <µs>" to every worker when
+// an upstream said "not now": tasks that already hold a turn on the quota
+// learn of it before they call (new turns are kept out by the quota's own
+// block).
 
 // blockBoard is a worker's board of the quotas an upstream blocked: it
 // announces this worker's blocks to the fleet (announce, announceKey), and

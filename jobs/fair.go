@@ -85,7 +85,7 @@ func newFairGate(rdb redis.UniversalClient, queue string, drain LimitConfig, f F
 	// keeps the keys' lines (their tasks would come back only on asynq's
 	// fallback): the state holds turns and lines, not rates, and each key's
 	// weight is set anew whenever it is touched.
-	const prefix = "sluice:fair:"
+	const prefix = fairPrefix
 	weight := func(key string) int {
 		if w, ok := f.Weights[key]; ok {
 			return w

@@ -8,8 +8,6 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // Run keeps the Scheduler's view of the fleet fresh until ctx ends, with
@@ -56,7 +54,7 @@ func (r *orphanRescue) run(ctx context.Context) {
 // tasks of each queue (a crash orphans at most the tasks its worker was
 // running).
 func (r *orphanRescue) rescueOrphans(ctx context.Context) {
-	claim := throttle.Key("sluice:rescue:", "orphans")
+	claim := orphanClaim()
 	if ok, err := r.rdb.SetNX(ctx, claim, r.worker, 4*time.Second).Result(); err != nil || !ok {
 		return
 	}
@@ -95,7 +93,7 @@ func (r *orphanRescue) rescue(ctx context.Context, queue string, t *asynq.TaskIn
 	if t.LastErr != asynq.ErrLeaseExpired.Error() || t.MaxRetry > 0 {
 		return false
 	}
-	key := throttle.Key("sluice:rescued:", queue) + ":" + t.ID
+	key := rescuedKey(queue, t.ID)
 	first, err := r.rdb.SetNX(ctx, key, "rescued", rescueMemory).Result()
 	switch {
 	case err != nil:

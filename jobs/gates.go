@@ -153,7 +153,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		// grants no unearned burst, a cut lets nothing through above it.
 		spec := l.Spec()
 		version := specVersion(spec)
-		prefix := "sluice:" + kind + ":" + version + ":"
+		prefix := limitPrefix(kind, version)
 		if keyed == "" && l.Key != "" {
 			keyed = name
 		}
@@ -233,7 +233,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 			}
 		}
 		if q.Concurrency > 0 {
-			sem, err := newSem(q.Concurrency, "sluice:concurrency:", false)
+			sem, err := newSem(q.Concurrency, queueSlotsPrefix, false)
 			if err != nil {
 				return nil, err
 			}
@@ -249,11 +249,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 	}
 	for name, t := range cfg.Tasks {
 		if t.Concurrency > 0 {
-			prefix := "sluice:concurrency:"
-			if t.ConcurrencyKey != "" {
-				prefix += "k:" + url.PathEscape(name) + ":"
-			}
-			sem, err := newSem(t.Concurrency, prefix, t.ConcurrencyKey != "")
+			sem, err := newSem(t.Concurrency, typeSlotsPrefix(name, t.ConcurrencyKey != ""), t.ConcurrencyKey != "")
 			if err != nil {
 				return nil, err
 			}

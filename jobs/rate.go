@@ -2,13 +2,10 @@ package jobs
 
 import (
 	"context"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // Each worker adds the tasks it completed to per-queue buckets of
@@ -17,12 +14,7 @@ import (
 const (
 	rateBucket  = 10 * time.Second
 	rateBuckets = 6 // a minute
-	ratePrefix  = "sluice:rate:"
 )
-
-func rateKey(queue string, bucket int64) string {
-	return throttle.Key(ratePrefix, queue) + ":" + strconv.FormatInt(bucket, 10)
-}
 
 // rateRecorder adds this worker's completions to the queues' rate
 // buckets every rateFlush, and once more when its run ends.

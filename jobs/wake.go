@@ -3,14 +3,12 @@ package jobs
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/lua"
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // A task that waits in Redis is scheduled in asynq for a second after it is
@@ -47,10 +45,6 @@ var (
 	wakeScript  = redis.NewScript(lua.Wake)
 	readyScript = redis.NewScript(lua.Ready)
 )
-
-func wakeKeys(queue string) []string {
-	return []string{throttle.Key("sluice:wake:", queue), throttle.Key("sluice:waker:", queue)}
-}
 
 // waker brings back the tasks that wait in Redis when they are due: in
 // every queue of the config in force whose waker this worker is, it takes
@@ -164,7 +158,7 @@ func (w *waker) wakeQueue(ctx context.Context, queue string) (time.Duration, boo
 // worker, they book new turns at the new rate. One worker of the fleet does
 // it for each change.
 func (w *waker) rebook(ctx context.Context, gs *gateSet, stale []string) {
-	claim := throttle.Key("sluice:rebook:", strings.Join(stale, ","))
+	claim := rebookClaim(stale)
 	if ok, err := w.rdb.SetNX(ctx, claim, w.worker, time.Minute).Result(); err != nil || !ok {
 		return
 	}
@@ -181,10 +175,6 @@ func (w *waker) rebook(ctx context.Context, gs *gateSet, stale []string) {
 	}
 	w.log.Info("limits changed: tasks booked at the old rate book again", "gates", stale, "tasks", moved)
 }
-
-// asynqKeys is the prefix of queue's keys in asynq v0.26's layout
-// (internal/base), for what its API cannot do cheaply.
-func asynqKeys(queue string) string { return "asynq:{" + queue + "}:" }
 
 // ready moves the tasks taken from the wake set (id, µs since due, ...) to
 // the head of their queue, in one call: a task back for its turn is taken

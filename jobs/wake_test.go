@@ -243,64 +243,6 @@ func TestWakeWhileStillActive(t *testing.T) {
 	}
 }
 
-// TestWokenTaskFirst: a task back from its wait is taken before the
-// queue's backlog (asynq itself would put it behind every task enqueued
-// before it, and it would come late for its turn).
-func TestWokenTaskFirst(t *testing.T) {
-	queue := redistest.Queue(t, "q")
-	s := newTestScheduler(t, Config{Queues: map[string]QueueConfig{queue: {}}})
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
-	ctx := context.Background()
-	for _, id := range []string{"retried", "scheduled"} {
-		if _, err := client.Enqueue(asynq.NewTask("test:order", nil), asynq.Queue(queue), asynq.TaskID(id), asynq.ProcessIn(time.Hour)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// "retried" waits in the retry list, as a task on asynq's retry path does.
-	if err := s.queues.ZAdd(ctx, "asynq:{"+queue+"}:retry", redis.Z{Score: float64(time.Now().Add(time.Hour).Unix()), Member: "retried"}).Err(); err != nil {
-		t.Fatal(err)
-	}
-	s.queues.ZRem(ctx, "asynq:{"+queue+"}:scheduled", "retried")
-	s.queues.HSet(ctx, "asynq:{"+queue+"}:t:retried", "state", "retry")
-	for i := range 20 {
-		if _, err := client.Enqueue(asynq.NewTask("test:order", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprint("backlog-", i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, id := range []string{"retried", "scheduled"} {
-		if err := s.waker.note(ctx, queue, id, 0, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s.waker.wakeQueue(ctx, queue)
-
-	var order []string
-	done := make(chan struct{})
-	mux := asynq.NewServeMux()
-	mux.HandleFunc("test:order", func(ctx context.Context, task *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		order = append(order, id)
-		if len(order) == 22 {
-			close(done)
-		}
-		return nil
-	})
-	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, asynq.Config{Concurrency: 1, Queues: map[string]int{queue: 1}, LogLevel: asynq.WarnLevel})
-	if err := srv.Start(mux); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("only %d of 22 tasks ran", len(order))
-	}
-	if first := order[:2]; !(first[0] == "retried" && first[1] == "scheduled" || first[0] == "scheduled" && first[1] == "retried") {
-		t.Errorf("tasks ran in the order %v; want the two woken ones first", order)
-	}
-}
-
 // TestWakerLooksInBatches (issue 12, Redis cost per waiting task): tasks due
 // back every 10ms (a queue drained at 100/s) are moved to pending by looks
 // at least wakeEvery apart, each taking every task due within wakeEvery,

@@ -1,0 +1,68 @@
+package jobs
+
+import (
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/sluicehq/sluice/throttle"
+)
+
+// Every Redis key and channel of sluice's own that package jobs names is
+// built here, under "sluice:"; throttle.Key puts each in the slot of its
+// hash tag (a queue's keys in the queue's slot, beside asynq's: see
+// asynqlayout.go). A limit's own state lives under the prefix its gate
+// gives throttle.
+
+// blockChannel carries "<quota> <µs>" (and keyed blocks) to every worker
+// when an upstream said "not now" (blocks.go).
+const blockChannel = "sluice:blocked"
+
+// limitPrefix is the prefix of a drain's or quota's state: kind ("drain",
+// "quota"), then the version of its spec, so that a changed limit books
+// under new keys (gates.go).
+func limitPrefix(kind, version string) string { return "sluice:" + kind + ":" + version + ":" }
+
+// fairPrefix is the prefix of a fair queue's shares and lines (fair.go).
+const fairPrefix = "sluice:fair:"
+
+// queueSlotsPrefix is the prefix of a queue's concurrency slots;
+// typeSlotsPrefix that of a task type's, per key value if it has a
+// concurrency_key (gates.go).
+const queueSlotsPrefix = "sluice:concurrency:"
+
+func typeSlotsPrefix(taskType string, keyed bool) string {
+	if keyed {
+		return queueSlotsPrefix + "k:" + url.PathEscape(taskType) + ":"
+	}
+	return queueSlotsPrefix
+}
+
+// wakeKeys are a queue's wake set and its waker's lease (wake.go).
+func wakeKeys(queue string) []string {
+	return []string{throttle.Key("sluice:wake:", queue), throttle.Key("sluice:waker:", queue)}
+}
+
+// rebookClaim is held by the one worker that brings forward the tasks
+// booked on the stale gates of a change (wake.go).
+func rebookClaim(stale []string) string {
+	return throttle.Key("sluice:rebook:", strings.Join(stale, ","))
+}
+
+// orphanClaim is held by the one worker that looks for orphans now;
+// rescuedKey notes that queue's task id was rescued once (fleet.go).
+func orphanClaim() string { return throttle.Key("sluice:rescue:", "orphans") }
+
+func rescuedKey(queue, id string) string { return throttle.Key("sluice:rescued:", queue) + ":" + id }
+
+// rateKey counts a queue's completions in one bucket of time (rate.go).
+func rateKey(queue string, bucket int64) string {
+	return throttle.Key("sluice:rate:", queue) + ":" + strconv.FormatInt(bucket, 10)
+}
+
+// queueLines keeps the furthest tail of a queue's backlog lines (the member
+// "t"); backlogLineKey is one line's, named by a digest of its gate and key
+// (backlog.go).
+func queueLines(queue string) string { return throttle.Key("sluice:backlog:", queue) }
+
+func backlogLineKey(queue, digest string) string { return queueLines(queue) + ":" + digest }
