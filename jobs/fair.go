@@ -100,7 +100,7 @@ func newFairGate(rdb redis.UniversalClient, queue string, drain LimitConfig, f F
 	if err != nil {
 		return nil, fmt.Errorf("jobs: queues %q: fairness: %w", queue, err)
 	}
-	name := "fair:" + queue
+	name := GateName{FairGate, queue}.String()
 	return &fairGate{name: name, share: &gate{name: name, fair: true}, queue: queue, expr: expr, lim: lim, keys: throttle.FairKeys(prefix, queue),
 		weights: f.Weights, depth: depth, limit: drain.Limit, period: drain.Period}, nil
 }

@@ -143,8 +143,8 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
 		clock: o.clock, replaced: make(chan struct{}), held: newHeldTurns(), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
-	var newGate func(kind, name string, l LimitConfig, keyed string) (*gate, error)
-	newGate = func(kind, name string, l LimitConfig, keyed string) (*gate, error) {
+	var newGate func(kind GateKind, name string, l LimitConfig, keyed string) (*gate, error)
+	newGate = func(kind GateKind, name string, l LimitConfig, keyed string) (*gate, error) {
 		// A changed limit has a state of its own under a new version: the
 		// old state holds turns booked at the old rate, which would keep the
 		// queue at that rate until they are all used. Turns booked under an
@@ -153,7 +153,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		// grants no unearned burst, a cut lets nothing through above it.
 		spec := l.Spec()
 		version := specVersion(spec)
-		prefix := limitPrefix(kind, version)
+		prefix := limitPrefix(string(kind), version)
 		if keyed == "" && l.Key != "" {
 			keyed = name
 		}
@@ -182,7 +182,8 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if err != nil {
 			return nil, fmt.Errorf("jobs: %s %q: %w", kind, name, err)
 		}
-		g := &gate{name: kind + ":" + name, tag: kind + ":" + name + "@" + version, key: name, limit: l, lim: lim}
+		label := GateName{kind, name}.String()
+		g := &gate{name: label, tag: label + "@" + version, key: name, limit: l, lim: lim}
 		if l.Key == "" {
 			return g, nil
 		}
@@ -219,7 +220,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 	}
 	for name, q := range cfg.Queues {
 		if q.Drain != nil {
-			g, err := newGate("drain", name, *q.Drain, "")
+			g, err := newGate(DrainGate, name, *q.Drain, "")
 			if err != nil {
 				return nil, err
 			}
@@ -241,7 +242,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		}
 	}
 	for name, l := range cfg.Quotas {
-		g, err := newGate("quota", name, l, "")
+		g, err := newGate(QuotaGate, name, l, "")
 		if err != nil {
 			return nil, err
 		}
@@ -276,12 +277,12 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 // predecessor is the gate of gs (nil: none) that a gate of kind and name
 // (keyed: its override's "<name>\x00<value>", or "") replaces: a value's
 // override replaces the value's override, or the default limit it had.
-func (gs *gateSet) predecessor(kind, name, keyed string) *gate {
+func (gs *gateSet) predecessor(kind GateKind, name, keyed string) *gate {
 	if gs == nil {
 		return nil
 	}
 	gates := gs.quotas
-	if kind == "drain" {
+	if kind == DrainGate {
 		gates = gs.drains
 	}
 	quota, value, override := strings.Cut(keyed, "\x00")
@@ -415,7 +416,7 @@ func (s *Scheduler) semaphoresOf(gs *gateSet, queue, typ string, vars *taskVars)
 		if expr := gs.typeKey[typ]; expr != nil {
 			// The semaphore of a keyed type has a prefix of its own: the
 			// key value is its key.
-			sl.key = s.keyOf("concurrency:"+sl.label, expr, vars)
+			sl.key = s.keyOf(sl.gate(), expr, vars)
 		}
 		slots = append(slots, sl)
 	}

@@ -91,10 +91,14 @@ func findKeyedGate(rdb redis.UniversalClient, cfg Config, gate string) (string, 
 	keyed := gs.keyedGates()
 	names := describeGates(slices.Sorted(maps.Keys(keyed)))
 	name := gate
-	if !strings.Contains(gate, ":") {
-		name = "quota:" + gate
+	if strings.Contains(gate, ":") {
+		if _, err := ParseGateName(gate); err != nil {
+			return "", keyedGate{}, &GateError{fmt.Sprintf("%v; the config's keyed gates are %s", err, names)}
+		}
+	} else { // a bare name is a quota's
+		name = GateName{QuotaGate, gate}.String()
 		if _, isQueue := cfg.Queues[gate]; isQueue {
-			return "", keyedGate{}, &GateError{fmt.Sprintf("%q is a queue: name one of its gates, as drain:%s or fair:%s; the config's keyed gates are %s", gate, gate, gate, names)}
+			return "", keyedGate{}, &GateError{fmt.Sprintf("%q is a queue: name one of its gates, as %s or %s; the config's keyed gates are %s", gate, GateName{DrainGate, gate}, GateName{FairGate, gate}, names)}
 		}
 	}
 	g, ok := keyed[name]

@@ -81,6 +81,7 @@ func TestKeyLoads(t *testing.T) {
 				{"drain:" + queue, "is not a keyed gate of the config; its keyed gates are quota:" + quota},
 				{queue, "is a queue: name one of its gates"},
 				{"quota:nope", "is not a keyed gate"},
+				{"queue:" + queue, `the kinds are drain, fair, quota and concurrency, got "queue"; the config's keyed gates are quota:`},
 				{strings.Repeat("x", 100_000), "a gate's name is at most 512 bytes, got 100000"},
 			} {
 				if _, err := KeyLoads(ctx, client, cfg, tc.gate, 20); err == nil || !strings.Contains(err.Error(), tc.err) {

@@ -32,7 +32,7 @@ type slot struct {
 }
 
 // gate is the slot's label in the gate metrics.
-func (sl slot) gate() string { return "concurrency:" + sl.label }
+func (sl slot) gate() string { return GateName{ConcurrencyGate, sl.label}.String() }
 
 // slotHold is the slots one task holds, and the context its handler runs
 // in, which ends if it loses one of them.

@@ -329,7 +329,7 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		if qc, ok := cfg.Queues[name]; ok {
 			q.Configured = true
 			if qc.Drain != nil {
-				g := newGateStatus("", *qc.Drain, levels, "drain:"+name)
+				g := newGateStatus("", *qc.Drain, levels, jobs.GateName{Kind: jobs.DrainGate, Name: name}.String())
 				q.Drain = &g
 			}
 		}
@@ -341,7 +341,7 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		s.Queues = append(s.Queues, q)
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Quotas)) {
-		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels, "quota:"+name))
+		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels, jobs.GateName{Kind: jobs.QuotaGate, Name: name}.String()))
 	}
 	servers, err := inspector.Servers()
 	if err != nil {
@@ -474,7 +474,7 @@ func printSnapshot(w io.Writer, s snapshot) error {
 			drain = "not in config: no worker serves it"
 		case q.Drain != nil:
 			drain = q.Drain.describe()
-			level = q.Drain.admits("drain:" + q.Name)
+			level = q.Drain.admits(jobs.GateName{Kind: jobs.DrainGate, Name: q.Name}.String())
 		}
 		waiting := fmt.Sprint(q.Waiting)
 		if q.WaitingAtLeast {
@@ -486,7 +486,7 @@ func printSnapshot(w io.Writer, s snapshot) error {
 	if len(s.Quotas) > 0 {
 		fmt.Fprintln(tw, "QUOTA\tLIMIT\tCAN ADMIT NOW")
 		for _, g := range s.Quotas {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.Name, g.describe(), g.admits("quota:"+g.Name))
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.Name, g.describe(), g.admits(jobs.GateName{Kind: jobs.QuotaGate, Name: g.Name}.String()))
 		}
 		fmt.Fprintln(tw)
 	}
