@@ -7,6 +7,22 @@
 --          event is its own member ("time:seq"), so n events are n members
 -- aux   -> string: µs until which the key is blocked (absent: not)
 
+-- log_add records n events at `at` in the log at key. NX makes a member
+-- that exists already fail to add; the next seq is tried, so n events
+-- always become n members.
+local function log_add(key, at, n)
+  local seq, added = redis.call('ZCARD', key), 0
+  while added < n do
+    local args = {}
+    for _ = 1, math.min(n - added, 100) do
+      seq = seq + 1
+      args[#args + 1] = int(at)
+      args[#args + 1] = int(at) .. ':' .. seq
+    end
+    added = added + redis.call('ZADD', key, 'NX', unpack(args))
+  end
+end
+
 local function new_sliding_log(key, block_key, p)
   local period, n = p.period, p.n
   local self = {blocked = tonumber(redis.call('GET', block_key)) or 0}
@@ -102,18 +118,7 @@ local function new_sliding_log(key, block_key, p)
   end
 
   function self.record(at)
-    -- NX makes a member that exists already fail to add; the next seq is
-    -- tried, so n events always become n members.
-    local seq, added = redis.call('ZCARD', key), 0
-    while added < n do
-      local args = {}
-      for _ = 1, math.min(n - added, 100) do
-        seq = seq + 1
-        args[#args + 1] = int(at)
-        args[#args + 1] = int(at) .. ':' .. seq
-      end
-      added = added + redis.call('ZADD', key, 'NX', unpack(args))
-    end
+    log_add(key, at, n)
     if not newest or at > newest then newest = at end
     return int(at)
   end
@@ -228,17 +233,7 @@ local function sliding_log_allow(key, block_key, p, now, start, max_wait, slack)
     save(reset_now)
     return reply
   end
-  -- As new_sliding_log's record.
-  local seq, added = redis.call('ZCARD', key), 0
-  while added < n do
-    local args = {}
-    for _ = 1, math.min(n - added, 100) do
-      seq = seq + 1
-      args[#args + 1] = int(at)
-      args[#args + 1] = int(at) .. ':' .. seq
-    end
-    added = added + redis.call('ZADD', key, 'NX', unpack(args))
-  end
+  log_add(key, at, n)
   if at ~= from then count = count_at(at) else count = count + n end
   local reply = {1, now, at, math.max(0, p.limit - count), 0, at - now + period, int(at)}
   save(math.max(0, at + period - now))
