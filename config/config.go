@@ -86,6 +86,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -253,11 +254,35 @@ func (p *Problems) Unwrap() []error { return p.Errs }
 // error naming the path; anything wrong with the content or the environment
 // is a *Problems listing every problem at once. On error the File is zero.
 func Load(path string) (File, error) {
-	data, err := os.ReadFile(path)
+	data, err := readFile(path)
 	if err != nil {
 		return File{}, fmt.Errorf("config: %w", err)
 	}
 	return load(path, data)
+}
+
+// maxFileSize bounds a config file, so that a wrong path (a log, a disk
+// image) is refused before it is read whole: the documented config.yaml
+// is about 10 KB, and one with every limit's 1,000 key overrides stays
+// far under it.
+const maxFileSize = 16 << 20
+
+// readFile reads the config file at path, refusing one larger than
+// maxFileSize before it is read whole.
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("%s is over %d MiB: a config file is at most that (is it the right file?)", path, maxFileSize>>20)
+	}
+	return data, nil
 }
 
 // Defaults returns f with every unset value at its default.

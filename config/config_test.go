@@ -553,3 +553,18 @@ func TestProblemFields(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadRefusesHugeFile: a file over maxFileSize (a wrong path, say) is
+// refused by its size, naming the path, before it is read whole; the
+// watcher reads files the same way.
+func TestLoadRefusesHugeFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	content := "redis: {addr: 127.0.0.1:6379}\n# " + strings.Repeat("x", maxFileSize) + "\n"
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	if err == nil || !strings.Contains(err.Error(), path+" is over 16 MiB") {
+		t.Fatalf("Load of a %d-byte file: %v, want it refused by its size, naming the path", len(content), err)
+	}
+}

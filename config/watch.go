@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -60,7 +59,7 @@ func Watch(ctx context.Context, path string, loaded File, onChange func(File), o
 	w := &watcher{fsw: fw, path: filepath.Clean(path), last: loaded.digest}
 	w.follow(onError)
 	// A change between Load and the watch above would raise no event.
-	current, err := os.ReadFile(path)
+	current, err := readFile(path)
 	stale := err != nil || sha256.Sum256(current) != loaded.digest
 	go w.run(ctx, stale, onChange, onError)
 }
@@ -150,7 +149,7 @@ func (w *watcher) run(ctx context.Context, stale bool, onChange func(File), onEr
 			// read again after confirm (or at the next event), and reported
 			// only if it reads the same then, no event having come between:
 			// a file saved again and again is empty now and then.
-			data, err := os.ReadFile(w.path)
+			data, err := readFile(w.path)
 			if err != nil {
 				if !w.readFailed || !w.confirming {
 					w.readFailed, w.confirming, quiet = true, true, time.After(confirm)
