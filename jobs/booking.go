@@ -332,7 +332,7 @@ func (b *booker) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
 		return claim{}, false
 	}
 	key = g.limit.storedKey(key)
-	if ov := g.overrides[key]; ov != nil {
+	if ov := g.overrides.of(key, true); ov != nil {
 		return claim{g: g, lim: ov.lim, key: key}, true
 	}
 	return claim{g: g, lim: g.lim, key: key}, true

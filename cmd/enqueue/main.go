@@ -6,6 +6,7 @@
 //	enqueue [flags] --file tasks.jsonl        one task per line; "-" reads stdin
 //	enqueue status [--watch] [--json]         queues, gates and live workers
 //	enqueue serve [--listen HOST:PORT]        the HTTP intake: POST /v1/tasks
+//	enqueue limits list|set|reset|history|import   change limits fleet-wide, live, audited
 //	enqueue --version
 //	enqueue completion bash|zsh|fish|powershell
 //
@@ -75,6 +76,7 @@ func newRootCommand(a *app) *cobra.Command {
 	_ = root.MarkPersistentFlagFilename("config", "yaml", "yml")
 	root.AddCommand(newStatusCommand(a))
 	root.AddCommand(newServeCommand(a))
+	root.AddCommand(newLimitsCommand(a))
 	return root
 }
 
