@@ -21,6 +21,7 @@ type Metrics struct {
 	slotsLost     *prometheus.CounterVec   // slot, result
 	keyFallbacks  *prometheus.CounterVec   // gate
 	keyWaits      *prometheus.CounterVec   // gate
+	runtimeLimits *prometheus.GaugeVec     // gate
 }
 
 // NewMetrics registers the metrics on reg.
@@ -87,8 +88,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_key_waits_total",
 			Help: "Tasks whose key expression failed on a limit with on_key_error: wait, so that they went back to Redis to wait (not failed), by gate (drain:<queue>, quota:<name>).",
 		}, []string{"gate"}),
+		runtimeLimits: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_runtime_limits",
+			Help: "Overrides set live (enqueue limits set or import, the admin API) in force in this worker, by gate (drain:<queue>, quota:<name>): the gate's own and its key values'.",
+		}, []string{"gate"}),
 	}
-	reg.MustRegister(m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }

@@ -362,7 +362,7 @@ func setLimits(ctx context.Context, rdb redis.UniversalClient, file Config, chs 
 		return RuntimeLimit{}, err
 	}
 	byField := make(map[string]RuntimeLimit, len(kept)+len(chs))
-	var w limitsWrite
+	w := limitsWrite{queues: sortedKeys(file.Queues)}
 	for _, r := range kept {
 		if r, ok := w.sweep(r, now); ok {
 			byField[runtimeField(r.Gate, r.Key)] = r
@@ -450,7 +450,7 @@ func ResetLimit(ctx context.Context, rdb redis.UniversalClient, file Config, gat
 	if err := json.Unmarshal([]byte(v), &r); err != nil {
 		return false, fmt.Errorf("jobs: the runtime limit of %s%s in Redis does not read: %w", gate, key, err)
 	}
-	var w limitsWrite
+	w := limitsWrite{queues: sortedKeys(file.Queues)}
 	if _, ok := w.sweep(r, now); !ok || !r.InForce(now) {
 		return false, w.do(ctx, rdb) // lapsed (its lapse is recorded now), or reset before
 	}
@@ -468,6 +468,12 @@ type limitsWrite struct {
 	put     []RuntimeLimit
 	drop    []RuntimeLimit
 	history []LimitEvent
+	// queues are the fleet's queues: their tasks waiting in Redis for
+	// turns booked before the change are brought forward to book again.
+	// The workers running do it too when they put the change in force; this
+	// is for a fleet with none running, whose next worker would otherwise
+	// see them back only at their old turns.
+	queues []string
 }
 
 // sweep notes what r, kept in Redis, has become at now: a lapsed override
@@ -523,6 +529,11 @@ func (w *limitsWrite) do(ctx context.Context, rdb redis.UniversalClient) error {
 		// Written, but not announced: workers read the overrides again
 		// when they next subscribe, and every limitsReread.
 		return fmt.Errorf("jobs: the change is written, but telling the workers failed (they read it within %v): %w", limitsReread, err)
+	}
+	for _, queue := range w.queues {
+		if err := wakeScript.Run(ctx, rdb, wakeKeys(queue), "", "rush").Err(); err != nil {
+			return fmt.Errorf("jobs: the change is in force, but bringing forward the tasks of queue %q booked before it failed (a running worker does it too): %w", queue, err)
+		}
 	}
 	return nil
 }

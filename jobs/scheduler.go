@@ -131,6 +131,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	} else {
 		s.runtime = rl
 		cfg = s.merged(cfg)
+		s.countRuntime()
 	}
 	cancel()
 	gs, err := s.newGateSet(cfg)
@@ -209,6 +210,20 @@ func (s *Scheduler) applyRuntime(rl []RuntimeLimit) {
 	s.runtime = rl
 	if err := s.putInForce(s.merged(s.file)); err != nil {
 		s.log.Error("cannot put the runtime limits in force; the limits in force stay", "err", err)
+		return
+	}
+	s.countRuntime()
+}
+
+// countRuntime sets sluice_runtime_limits from the runtime limits in force
+// on the file's gates (the labels are the config's, not Redis's).
+func (s *Scheduler) countRuntime() {
+	s.metrics.runtimeLimits.Reset()
+	now := s.clock.Now()
+	for _, r := range s.runtime {
+		if r.InForce(now) && s.file.limitOf(r.Gate) != nil {
+			s.metrics.runtimeLimits.WithLabelValues(r.Gate.String()).Inc()
+		}
 	}
 }
 

@@ -75,12 +75,17 @@ queues:
 			testkit.WaitFor(t, 20*time.Second, "10 tasks at 5/s", func() bool { return len(r.u.All()) >= 10 })
 
 			// Rates measured over the arrivals of [from, to).
-			rateIn := func(from, to time.Time) float64 { return rate(between(r.u.All(), from, to)) }
+			var window []time.Time // the last rateIn's arrivals
+			rateIn := func(from, to time.Time) float64 {
+				window = between(r.u.All(), from, to)
+				return rate(window)
+			}
 			within := func(what string, got, want, tol float64) {
 				t.Helper()
 				t.Logf("%s: %.3f/s", what, got)
 				if got < want*(1-tol) || got > want*(1+tol) {
-					t.Errorf("%s: %.3f/s, want %v/s within %.0f%%", what, got, want, 100*tol)
+					t.Errorf("%s: %.3f/s, want %v/s within %.0f%%; densest second: %d, %s", what, got, want, 100*tol,
+						testkit.MaxInWindow(window, time.Second), densest(window, time.Second))
 				}
 			}
 
@@ -230,8 +235,16 @@ tasks:
 	}
 	t.Logf("limits import of %d overrides took %v:\n%s%s", overrides, returned.Sub(start).Round(time.Millisecond), stderr, stdout)
 	t.Logf("Redis memory per override: %d bytes", (memory()-before)/overrides)
+	gate := fmt.Sprintf(`gate="quota:%s"`, quota)
+	testkit.WaitFor(t, 10*time.Second, "every worker to have the overrides in force", func() bool {
+		return r.counter(t, "sluice_runtime_limits", gate) == 2*overrides
+	})
+	inForce := time.Since(returned)
+	t.Logf("in force on both workers %v after the command returned", inForce.Round(10*time.Millisecond))
+	if inForce > 5*time.Second {
+		t.Errorf("the overrides were in force on every worker %v after limits import returned, want within 5 s", inForce)
+	}
 	spot := map[string]float64{"customer-9": 10, "customer-39": 40, "customer-40": 1, "unlisted": 2}
-	time.Sleep(time.Until(returned.Add(5 * time.Second)))
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t), DB: 5})
 	defer client.Close()
 	for dest, perSecond := range spot {
