@@ -159,6 +159,26 @@ tasks:
 `, queue, quota, quota)
 	r := startFleet(t, backends[0], 2, limits)
 	config := writeConfig(t, backends[0].yaml(t)+"\n"+limits)
+	for _, bad := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--limit", "-3"}, "--limit: must be >= 1"},
+		{[]string{"--limit", "many"}, `invalid argument "many" for "--limit"`},
+		{[]string{"--limit", "20", "--reason", ""}, "--reason"},
+		{[]string{"--limit", "20", "--period", "48h"}, "--period"},
+	} {
+		args := append([]string{"limits", "set", "quota:" + quota, "--key", "big.example", "--reason", "why"}, bad.args...)
+		if _, stderr, code := runLimits(t, config, args...); code != 2 || !strings.Contains(stderr, bad.says) {
+			t.Errorf("enqueue %q: exit %d, %q; want 2 saying %q", args, code, stderr, bad.says)
+		}
+	}
+	if _, stderr, code := runLimits(t, config, "limits", "set", "drain:nope", "--limit", "3", "--reason", "why"); code != 2 || !strings.Contains(stderr, "quota:"+quota) {
+		t.Errorf("limits set on an unknown gate: exit %d, %q; want 2 listing quota:%s", code, stderr, quota)
+	}
+	if stdout, _, _ := runLimits(t, config, "limits", "history", "quota:"+quota); strings.Count(stdout, "\n") != 1 {
+		t.Errorf("refused changes made history:\n%s", stdout)
+	}
 	mustLimits(t, config, "limits", "set", "quota:"+quota, "--key", "big.example", "--limit", "20", "--reason", "big customer's plan")
 	stdout, _, _ := runLimits(t, config, "limits", "list", "--keys")
 	if !strings.Contains(stdout, "(+1 key overrides)") || !strings.Contains(stdout, "big.example") {
