@@ -93,10 +93,10 @@ queues:
 			time.Sleep(4 * time.Second)
 			reset := mustLimits(t, config, "limits", "reset", gate, "--reason", "back to normal", "--by", "e2e")
 			within("from 1 s after the set to the reset", rateIn(set.Add(time.Second), reset), 25, 0.02)
-			time.Sleep(4 * time.Second)
+			time.Sleep(5 * time.Second)
 			lapsing := mustLimits(t, config, "limits", "set", gate, "--limit", "25", "--for", "4s", "--reason", "burst for a while")
 			within("from 1 s after the reset to the next set", rateIn(reset.Add(time.Second), lapsing), 5, 0.02)
-			time.Sleep(7 * time.Second)
+			time.Sleep(9 * time.Second)
 			within("from 1 s after a 4s override was set to 0.5 s before it lapses", rateIn(lapsing.Add(time.Second), lapsing.Add(3500*time.Millisecond)), 25, 0.02)
 			within("from 1 s after it lapsed", rateIn(lapsing.Add(5*time.Second), time.Now()), 5, 0.02)
 
