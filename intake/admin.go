@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/sluicehq/sluice/internal/strictjson"
 	"github.com/sluicehq/sluice/jobs"
@@ -74,18 +73,6 @@ func (in *Intake) listLimits(w http.ResponseWriter, r *http.Request) {
 	in.answerJSON(w, http.StatusOK, map[string]any{"gates": gates})
 }
 
-// limitBody is a PUT /v1/limits/{gate}'s body: enqueue limits set's flags.
-type limitBody struct {
-	Key       string `json:"key"`
-	Algorithm string `json:"algorithm"`
-	Limit     int    `json:"limit"`
-	Period    string `json:"period"`
-	Burst     int    `json:"burst"`
-	For       string `json:"for"`
-	Reason    string `json:"reason"`
-	By        string `json:"by"`
-}
-
 func (in *Intake) setLimit(w http.ResponseWriter, r *http.Request) {
 	gate, err := jobs.ParseGateName(r.PathValue("gate"))
 	if err != nil {
@@ -97,7 +84,7 @@ func (in *Intake) setLimit(w http.ResponseWriter, r *http.Request) {
 		in.refuse(w, "", fmt.Errorf("reading the body: %w (at most %d bytes)", err, maxAdminBody))
 		return
 	}
-	var body limitBody
+	var body jobs.LimitChangeJSON
 	if err := strictjson.Decode(raw, &body); err != nil {
 		var bad *strictjson.Error
 		field := ""
@@ -107,22 +94,12 @@ func (in *Intake) setLimit(w http.ResponseWriter, r *http.Request) {
 		in.refuse(w, field, err)
 		return
 	}
-	ch := jobs.LimitChange{Gate: gate, Key: body.Key, Algorithm: body.Algorithm, Limit: body.Limit, Burst: body.Burst,
-		Reason: body.Reason, By: body.By}
+	ch, err := body.Change(gate)
+	if in.changeFailed(w, err) {
+		return
+	}
 	if ch.By == "" {
 		ch.By = "admin API from " + in.limiter.Client(r).IP.String()
-	}
-	for _, d := range []struct {
-		field, text string
-		to          *time.Duration
-	}{{"period", body.Period, &ch.Period}, {"for", body.For, &ch.For}} {
-		if d.text == "" {
-			continue
-		}
-		if *d.to, err = time.ParseDuration(d.text); err != nil {
-			in.refuse(w, d.field, err)
-			return
-		}
 	}
 	set, err := jobs.SetLimit(r.Context(), in.rdb, in.rules.Load().jobs, ch)
 	if in.changeFailed(w, err) {

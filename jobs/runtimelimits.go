@@ -720,3 +720,50 @@ func ListLimits(ctx context.Context, rdb redis.UniversalClient, file Config, key
 	}
 	return gates, nil
 }
+
+// LimitChangeJSON is a change as JSON writes it: a line of enqueue limits
+// import, or the body of PUT /v1/limits/{gate} (whose gate is in its path).
+// Durations are Go's ("1s", "30m").
+type LimitChangeJSON struct {
+	Gate      string `json:"gate,omitempty"`
+	Key       string `json:"key,omitempty"`
+	Algorithm string `json:"algorithm,omitempty"`
+	Limit     int    `json:"limit,omitempty"`
+	Period    string `json:"period,omitempty"`
+	Burst     int    `json:"burst,omitempty"`
+	For       string `json:"for,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	By        string `json:"by,omitempty"`
+}
+
+// Change reads j as a LimitChange of gate (j.Gate's if gate is the zero
+// GateName); a field that does not read is a *LimitChangeError naming it.
+func (j LimitChangeJSON) Change(gate GateName) (LimitChange, error) {
+	if j.Gate != "" {
+		parsed, err := ParseGateName(j.Gate)
+		switch {
+		case err != nil:
+			return LimitChange{}, changeProblem("gate", "%v", err)
+		case gate != (GateName{}) && parsed != gate:
+			return LimitChange{}, changeProblem("gate", "%s differs from the gate changed, %s; leave it out", parsed, gate)
+		}
+		gate = parsed
+	}
+	if gate == (GateName{}) {
+		return LimitChange{}, changeProblem("gate", "required: KIND:NAME, like drain:emails or quota:crm-api")
+	}
+	ch := LimitChange{Gate: gate, Key: j.Key, Algorithm: j.Algorithm, Limit: j.Limit, Burst: j.Burst, Reason: j.Reason, By: j.By}
+	for _, d := range []struct {
+		field, text string
+		to          *time.Duration
+	}{{"period", j.Period, &ch.Period}, {"for", j.For, &ch.For}} {
+		if d.text == "" {
+			continue
+		}
+		var err error
+		if *d.to, err = time.ParseDuration(d.text); err != nil {
+			return LimitChange{}, changeProblem(d.field, "%v", err)
+		}
+	}
+	return ch, nil
+}

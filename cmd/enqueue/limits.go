@@ -325,17 +325,6 @@ func changeText(e jobs.LimitEvent) string {
 	return "the file's limit"
 }
 
-// importLine is one line of limits import's file.
-type importLine struct {
-	Gate      string `json:"gate"`
-	Key       string `json:"key"`
-	Algorithm string `json:"algorithm"`
-	Limit     int    `json:"limit"`
-	Period    string `json:"period"`
-	Burst     int    `json:"burst"`
-	For       string `json:"for"`
-}
-
 // Bounds on limits import's file.
 const (
 	maxImportFile = 64 << 20 // bytes
@@ -427,29 +416,15 @@ func readImport(cmd *cobra.Command, path string) ([]jobs.LimitChange, error) {
 }
 
 func parseImportLine(b []byte) (jobs.LimitChange, error) {
-	var line importLine
+	var line jobs.LimitChangeJSON
 	if err := strictjson.Decode(b, &line); err != nil {
 		return jobs.LimitChange{}, err
 	}
 	if line.Key == "" {
 		return jobs.LimitChange{}, errors.New(`"key": required (import sets key values' overrides; use limits set for a whole gate)`)
 	}
-	gate, err := jobs.ParseGateName(line.Gate)
-	if err != nil {
-		return jobs.LimitChange{}, fmt.Errorf(`"gate": %w`, err)
+	if line.Reason != "" || line.By != "" {
+		return jobs.LimitChange{}, errors.New(`"reason" and "by" are the command's (--reason, --by), for the whole import`)
 	}
-	ch := jobs.LimitChange{Gate: gate, Key: line.Key, Algorithm: line.Algorithm, Limit: line.Limit, Burst: line.Burst}
-	for _, d := range []struct {
-		name string
-		text string
-		to   *time.Duration
-	}{{"period", line.Period, &ch.Period}, {"for", line.For, &ch.For}} {
-		if d.text == "" {
-			continue
-		}
-		if *d.to, err = time.ParseDuration(d.text); err != nil {
-			return jobs.LimitChange{}, fmt.Errorf("%q: %w", d.name, err)
-		}
-	}
-	return ch, nil
+	return line.Change(jobs.GateName{})
 }
