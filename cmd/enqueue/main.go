@@ -6,6 +6,8 @@
 //	enqueue [flags] --file tasks.jsonl        one task per line; "-" reads stdin
 //	enqueue status [--watch] [--json]         queues, gates and live workers
 //	enqueue serve [--listen HOST:PORT]        the HTTP intake: POST /v1/tasks
+//	enqueue eta TASK_ID [--queue Q]           when a task is predicted to start
+//	enqueue plan [--file F] [--json]          when each queue will be empty, before enqueueing
 //	enqueue --version
 //	enqueue completion bash|zsh|fish|powershell
 //
@@ -75,6 +77,8 @@ func newRootCommand(a *app) *cobra.Command {
 	_ = root.MarkPersistentFlagFilename("config", "yaml", "yml")
 	root.AddCommand(newStatusCommand(a))
 	root.AddCommand(newServeCommand(a))
+	root.AddCommand(newETACommand(a))
+	root.AddCommand(newPlanCommand(a))
 	return root
 }
 
@@ -89,6 +93,21 @@ func (a *app) loadConfig() (config.File, error) {
 		return f, badInput(err)
 	}
 	return f, nil
+}
+
+// connect reads --config and connects to its Redis, for the commands that
+// read what is there; the caller closes the client.
+func (a *app) connect(cmd *cobra.Command) (config.File, redis.UniversalClient, error) {
+	file, err := a.loadConfig()
+	if err != nil {
+		return file, nil, err
+	}
+	rdb := file.Redis.Client()
+	if err := checkLogin(cmd.Context(), file.Redis, rdb); err != nil {
+		rdb.Close()
+		return file, nil, err
+	}
+	return file, rdb, nil
 }
 
 // newEnqueueClient connects to Redis as r says, for enqueueing: with a
