@@ -150,6 +150,7 @@ func PlanOf(cfg Config, now time.Time, tasks []PlanTask) (Plan, error) {
 			return Plan{}, err
 		}
 	}
+	p.clock.set(now)
 	for _, q := range p.queues {
 		slices.SortStableFunc(q.tasks, func(a, b *PlanTask) int { return maxTime(a.Ready, now).Compare(maxTime(b.Ready, now)) })
 	}
@@ -159,10 +160,16 @@ func PlanOf(cfg Config, now time.Time, tasks []PlanTask) (Plan, error) {
 	for {
 		var next *queuePlanning
 		total := 0
+		// The plan's clock follows the queue furthest behind: what the
+		// gates counted before it is past for every queue, and dropped.
+		behind := time.Time{}
 		for _, name := range names {
 			q := p.queues[name]
 			if q.next >= len(q.tasks) {
 				continue
+			}
+			if behind.IsZero() || q.cursor.Before(behind) {
+				behind = q.cursor
 			}
 			q.credit += q.weight
 			total += q.weight
@@ -173,6 +180,7 @@ func PlanOf(cfg Config, now time.Time, tasks []PlanTask) (Plan, error) {
 		if next == nil {
 			break
 		}
+		p.clock.set(maxTime(p.clock.Now(), behind))
 		next.credit -= total
 		if err := p.book(next.tasks[next.next]); err != nil {
 			return Plan{}, err
@@ -196,6 +204,9 @@ type queuePlanning struct {
 	plan   QueuePlan
 	tasks  []*PlanTask
 	next   int // the next of tasks to book
+	// cursor is its latest turn: its tasks are taken in order, and none
+	// books before the one taken before it.
+	cursor time.Time
 	weight int
 	credit int // smooth weighted round robin
 	events int // drawn from its drain
@@ -212,7 +223,7 @@ func (p *planner) queue(name string) *queuePlanning {
 	q := p.queues[name]
 	if q == nil {
 		qc, ok := p.gs.cfg.Queues[name]
-		q = &queuePlanning{plan: QueuePlan{Name: name, Configured: ok}, weight: max(1, qc.Priority), drain: p.gs.drains[name]}
+		q = &queuePlanning{plan: QueuePlan{Name: name, Configured: ok}, weight: max(1, qc.Priority), drain: p.gs.drains[name], cursor: p.now}
 		p.queues[name] = q
 	}
 	return q
@@ -222,7 +233,7 @@ func (p *planner) queue(name string) *queuePlanning {
 // its start.
 func (p *planner) book(t *PlanTask) error {
 	q := p.queue(t.Queue)
-	start := maxTime(t.Ready, p.clock.Now())
+	start := maxTime(maxTime(t.Ready, q.cursor), p.clock.Now())
 	if q.plan.Configured {
 		route := p.gs.routeOf(t.Queue, t.Type)
 		if len(route.gates) > 0 {
@@ -240,6 +251,7 @@ func (p *planner) book(t *PlanTask) error {
 			p.count(q, claims, route.cost, at)
 		}
 	}
+	q.cursor = maxTime(q.cursor, start)
 	if start.After(q.plan.Empty) {
 		q.plan.Empty = start
 	}
@@ -247,20 +259,19 @@ func (p *planner) book(t *PlanTask) error {
 }
 
 // maxPlanMoves bounds how often one task's booking moves the plan's clock
-// on (each move brings its turn within worker.reserve_max).
+// on.
 const maxPlanMoves = 64
 
 // bookOn books cost on claims not before notBefore and returns the turn.
-// A turn further than worker.reserve_max moves the plan's clock on to
-// within it: the task waits in a backlog line meanwhile, and the tasks
-// after it book from then on.
+// A turn further ahead than a gate books (throttle's horizon) moves the
+// plan's clock on towards it: a task waits in a backlog line meanwhile.
 func (p *planner) bookOn(claims []claim, cost int, notBefore time.Time) (time.Time, error) {
 	bookClaims := make([]throttle.Claim, len(claims))
 	for i, c := range claims {
 		bookClaims[i] = throttle.Claim{Limiter: c.lim, Key: c.key, N: cost}
 	}
 	for range maxPlanMoves {
-		bk, err := throttle.Book(context.Background(), bookClaims, notBefore, p.reserve)
+		bk, err := throttle.Book(context.Background(), bookClaims, notBefore, planHorizon)
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -268,10 +279,14 @@ func (p *planner) bookOn(claims []claim, cost int, notBefore time.Time) (time.Ti
 			return bk.At, nil
 		}
 		now := p.clock.Now()
-		p.clock.set(maxTime(now.Add(time.Microsecond), now.Add(bk.Delay-p.reserve/2)))
+		p.clock.set(maxTime(now.Add(time.Microsecond), now.Add(bk.Delay/2)))
 	}
 	return time.Time{}, errors.New("no turn found: a gate admits too little for its cost")
 }
+
+// planHorizon is how far ahead a plan books a turn at most (a gate's own
+// horizon may be nearer).
+const planHorizon = 24 * time.Hour
 
 // count notes what a task booked at at drew from its gates.
 func (p *planner) count(q *queuePlanning, claims []claim, cost int, at time.Time) {

@@ -97,7 +97,12 @@ func planFileTasks(cmd *cobra.Command, file config.File, path, queue string, now
 	defer in.Close()
 	d := producer.Defaults{Queue: queue, Payloads: file}
 	known := func(q string) bool { _, ok := file.Jobs.Queues[q]; return ok }
-	c, err := producer.CheckTasks(in, name, 0, d, now, known)
+	var tasks []jobs.PlanTask
+	c, err := producer.ReadTasks(in, name, 0, d, now, known, func(t producer.Task) {
+		if len(tasks) < jobs.MaxPlanTasks {
+			tasks = append(tasks, planTask(t, now))
+		}
+	})
 	if err != nil {
 		return nil, badInput(err)
 	}
@@ -105,22 +110,13 @@ func planFileTasks(cmd *cobra.Command, file config.File, path, queue string, now
 		return nil, badInput(fmt.Errorf("%s holds %d tasks; a plan takes at most %d", name, c.Tasks, jobs.MaxPlanTasks))
 	}
 	warnUnconfigured(cmd.ErrOrStderr(), file, c.Queues, c.More)
-	if _, err := in.Seek(0, io.SeekStart); err != nil {
-		return nil, badInput(fmt.Errorf("reading %s again: %w", name, err))
-	}
-	next := producer.FileTasks(in, name, 0, d, now)
-	tasks := make([]jobs.PlanTask, 0, c.Tasks)
-	for {
-		t, ok, err := next()
-		if err != nil {
-			return nil, badInput(err)
-		}
-		if !ok {
-			return tasks, nil
-		}
-		tasks = append(tasks, jobs.PlanTask{Queue: t.Queue, Type: t.Asynq.Type(), ID: t.TaskID, Payload: t.Asynq.Payload(),
-			Headers: t.Asynq.Headers(), Ready: readyAt(t.Opts, now)})
-	}
+	return tasks, nil
+}
+
+// planTask is t, to be enqueued at now, as a plan counts it.
+func planTask(t producer.Task, now time.Time) jobs.PlanTask {
+	return jobs.PlanTask{Queue: t.Queue, Type: t.Asynq.Type(), ID: t.TaskID, Payload: t.Asynq.Payload(),
+		Headers: t.Asynq.Headers(), Ready: readyAt(t.Opts, now)}
 }
 
 // readyAt is when a task enqueued at now with opts may run: at once, or
