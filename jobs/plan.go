@@ -201,9 +201,9 @@ type planner struct {
 }
 
 type queuePlanning struct {
-	plan   QueuePlan
-	tasks  []*PlanTask
-	next   int // the next of tasks to book
+	plan  QueuePlan
+	tasks []*PlanTask
+	next  int // the next of tasks to book
 	// cursor is its latest turn: its tasks are taken in order, and none
 	// books before the one taken before it.
 	cursor time.Time
