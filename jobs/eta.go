@@ -115,14 +115,12 @@ func ETA(ctx context.Context, limits, queues redis.UniversalClient, cfg Config, 
 		}
 	}
 	for _, q := range search {
-		info, waitsAs, err := r.find(ctx, q, id)
+		info, err := r.find(ctx, q, id)
 		if err != nil {
 			return TaskETA{}, err
 		}
 		if info != nil {
-			e, err := r.etaOf(ctx, q, info, 0)
-			e.ID, e.WaitsAs = id, waitsAs
-			return e, err
+			return r.etaOf(ctx, q, info, 0)
 		}
 	}
 	return TaskETA{}, &TaskNotFoundError{ID: id, Queues: search}
@@ -234,15 +232,15 @@ func (r *etaReader) allQueues() ([]string, error) {
 // back as a copy once each time it must wait with no retry left.
 const maxHopsLooked = 32
 
-// find returns task id of queue, or the copy it waits as (its id then),
-// or nil if there is neither.
-func (r *etaReader) find(ctx context.Context, queue, id string) (*asynq.TaskInfo, string, error) {
+// find returns task id of queue, or the copy it waits as, or nil if there
+// is neither.
+func (r *etaReader) find(ctx context.Context, queue, id string) (*asynq.TaskInfo, error) {
 	info, err := r.inspector.GetTaskInfo(queue, id)
 	if err == nil {
-		return info, "", nil
+		return info, nil
 	}
 	if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-		return nil, "", fmt.Errorf("jobs: task %q of queue %q: %w", id, queue, err)
+		return nil, fmt.Errorf("jobs: task %q of queue %q: %w", id, queue, err)
 	}
 	// Its copies are <id>~<hop> (copyForLater); the latest is the live one.
 	pipe := r.queues.Pipeline()
@@ -251,24 +249,26 @@ func (r *etaReader) find(ctx context.Context, queue, id string) (*asynq.TaskInfo
 		exists[hop] = pipe.Exists(ctx, asynqKeys(queue)+"t:"+id+"~"+strconv.Itoa(hop+1))
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, "", fmt.Errorf("jobs: looking for copies of task %q in queue %q: %w", id, queue, err)
+		return nil, fmt.Errorf("jobs: looking for copies of task %q in queue %q: %w", id, queue, err)
 	}
 	for hop := maxHopsLooked; hop >= 1; hop-- {
 		if exists[hop-1].Val() == 0 {
 			continue
 		}
-		copyID := id + "~" + strconv.Itoa(hop)
-		info, err := r.inspector.GetTaskInfo(queue, copyID)
+		info, err := r.inspector.GetTaskInfo(queue, id+"~"+strconv.Itoa(hop))
 		if err == nil {
-			return info, copyID, nil
+			return info, nil
 		}
 	}
-	return nil, "", nil
+	return nil, nil
 }
 
 // etaOf tells info's ETA; position, if known, is a pending task's.
 func (r *etaReader) etaOf(ctx context.Context, queue string, info *asynq.TaskInfo, position int) (TaskETA, error) {
 	e := TaskETA{Queue: queue, ID: info.ID, Type: info.Type, Now: r.now}
+	if origin := info.Headers[headerOrigin]; origin != "" {
+		e.ID, e.WaitsAs = origin, info.ID
+	}
 	t := asynq.NewTaskWithHeaders(info.Type, info.Payload, info.Headers)
 	route := r.gs.routeOf(queue, info.Type)
 	var claims []claim

@@ -69,14 +69,16 @@ func (b backend) checkQueueEmpty(t *testing.T, queue string) {
 // costs in limiter calls.
 type fleetRun struct {
 	backend
-	u     *upstream
-	fleet []*worker
+	u      *upstream
+	fleet  []*worker
+	config string // the workers' config file
 }
 
 func startFleet(t *testing.T, b backend, workers int, config string) *fleetRun {
 	t.Helper()
 	r := &fleetRun{backend: b, u: newUpstream(t)}
 	path := writeConfig(t, b.yaml(t)+"\n"+config+r.u.allowYAML())
+	r.config = path
 	for range workers {
 		r.fleet = append(r.fleet, startWorker(t, path))
 	}
