@@ -266,3 +266,48 @@ func readFileLines(t *testing.T, path string) []string {
 	}
 	return strings.Split(strings.TrimSpace(string(data)), "\n")
 }
+
+// TestETAAndPlanBadInput: enqueue eta, status --tasks and plan refuse
+// bad arguments and files with exit 2 and a message naming the problem,
+// and eta names an id no queue holds, with the queues it searched.
+func TestETAAndPlanBadInput(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, "bad")
+	config := enqueueConfig(t, queue)
+	badLine := writeLines(t, 2, func(i int) string {
+		if i == 2 {
+			return `{"type": "http:request", "payload": {"url": 5}}`
+		}
+		return `{"type": "http:request", "payload": {"url": "https://example.com/"}}`
+	})
+	for _, c := range []struct {
+		desc string
+		args []string
+		want []string
+	}{
+		{"no id", []string{"eta"}, []string{"one TASK_ID"}},
+		{"two ids", []string{"eta", "a", "b"}, []string{"one TASK_ID"}},
+		{"a long id", []string{"eta", strings.Repeat("x", 2000)}, []string{"TASK_ID is 1 to"}},
+		{"a bad queue", []string{"eta", "a", "--queue", "a{b}"}, []string{"--queue"}},
+		{"an unknown id in one queue", []string{"eta", "nope-1", "--queue", queue}, []string{`"nope-1"`, queue}},
+		{"an unknown id anywhere", []string{"eta", "nope-2"}, []string{`"nope-2"`, queue}},
+		{"tasks without a queue", []string{"status", "--tasks"}, []string{"--tasks and --queue"}},
+		{"a queue without tasks", []string{"status", "--queue", queue}, []string{"--tasks and --queue"}},
+		{"tasks and keys", []string{"status", "--queue", queue, "--tasks", "--keys", "quota:x"}, []string{"--keys"}},
+		{"top 0", []string{"status", "--queue", queue, "--tasks", "--top", "0"}, []string{"--top must be from 1"}},
+		{"plan with an argument", []string{"plan", "tasks.jsonl"}, []string{"--file"}},
+		{"plan of a missing file", []string{"plan", "--file", "/nonexistent/tasks.jsonl"}, []string{"/nonexistent/tasks.jsonl"}},
+		{"plan of a bad line", []string{"plan", "--file", badLine}, []string{"line 2", "url"}},
+	} {
+		run := runEnqueue(t, redistest.Addr(t), nil, append([]string{"--config", config}, c.args...)...)
+		if run.code != 2 {
+			t.Errorf("%s: enqueue %q exited %d, want 2; stderr %q", c.desc, c.args, run.code, run.stderr)
+			continue
+		}
+		for _, want := range c.want {
+			if !strings.Contains(run.stderr, want) {
+				t.Errorf("%s: enqueue %q said %q, want it to name %q", c.desc, c.args, run.stderr, want)
+			}
+		}
+	}
+}

@@ -33,6 +33,9 @@ in local time. An id no queue holds exits 2.`,
 			if len(args) != 1 {
 				return badInput(fmt.Errorf("eta takes one TASK_ID, got %d arguments", len(args)))
 			}
+			if id := args[0]; id == "" || len(id) > producer.MaxTaskID {
+				return badInput(fmt.Errorf("a TASK_ID is 1 to %d bytes, got %d", producer.MaxTaskID, len(id)))
+			}
 			if cmd.Flags().Changed("queue") {
 				if err := producer.CheckQueue(queue); err != nil {
 					return badInput(fmt.Errorf("--queue: %w", err))
