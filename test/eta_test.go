@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hibiken/asynq"
-
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -67,32 +65,6 @@ func (r *fleetRun) runJSON(t *testing.T, v any, args ...string) {
 	}
 	if err := json.Unmarshal([]byte(run.stdout), v); err != nil {
 		t.Fatalf("enqueue %q: %v in %q", args, err, run.stdout)
-	}
-}
-
-// letGo unpauses queues and returns when it did.
-func (r *fleetRun) letGo(t *testing.T, queues ...string) time.Time {
-	t.Helper()
-	inspector := asynq.NewInspector(r.asynqOpt(t))
-	defer inspector.Close()
-	start := time.Now()
-	for _, q := range queues {
-		if err := inspector.UnpauseQueue(q); err != nil {
-			t.Fatalf("unpausing %s: %v", q, err)
-		}
-	}
-	return start
-}
-
-// pause pauses queues.
-func (r *fleetRun) pause(t *testing.T, queues ...string) {
-	t.Helper()
-	inspector := asynq.NewInspector(r.asynqOpt(t))
-	defer inspector.Close()
-	for _, q := range queues {
-		if err := inspector.PauseQueue(q); err != nil {
-			t.Fatalf("pausing %s: %v", q, err)
-		}
 	}
 }
 

@@ -100,6 +100,16 @@ func (r *fleetRun) enqueue(t *testing.T, queue, prefix string, n int) {
 // request would count the producer.)
 func (r *fleetRun) enqueueBacklogs(t *testing.T, queues []string, counts []int) {
 	t.Helper()
+	r.pause(t, queues...)
+	for i, q := range queues {
+		r.enqueue(t, q, q, counts[i])
+	}
+	r.letGo(t, queues...)
+}
+
+// pause pauses queues: the fleet takes none of their tasks until letGo.
+func (r *fleetRun) pause(t *testing.T, queues ...string) {
+	t.Helper()
 	inspector := asynq.NewInspector(r.asynqOpt(t))
 	defer inspector.Close()
 	for _, q := range queues {
@@ -107,14 +117,20 @@ func (r *fleetRun) enqueueBacklogs(t *testing.T, queues []string, counts []int) 
 			t.Fatalf("pausing %s: %v", q, err)
 		}
 	}
-	for i, q := range queues {
-		r.enqueue(t, q, q, counts[i])
-	}
+}
+
+// letGo unpauses queues and returns when it began.
+func (r *fleetRun) letGo(t *testing.T, queues ...string) time.Time {
+	t.Helper()
+	inspector := asynq.NewInspector(r.asynqOpt(t))
+	defer inspector.Close()
+	start := time.Now()
 	for _, q := range queues {
 		if err := inspector.UnpauseQueue(q); err != nil {
 			t.Fatalf("unpausing %s: %v", q, err)
 		}
 	}
+	return start
 }
 
 // counter sums a counter over the fleet.

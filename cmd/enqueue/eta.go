@@ -37,9 +37,7 @@ in local time. An id no queue holds exits 2.`,
 				return badInput(fmt.Errorf("a TASK_ID is 1 to %d bytes, got %d", producer.MaxTaskID, len(id)))
 			}
 			if cmd.Flags().Changed("queue") {
-				if err := producer.CheckQueue(queue); err != nil {
-					return badInput(fmt.Errorf("--queue: %w", err))
-				}
+				return checkQueueFlag(queue)
 			}
 			return nil
 		},

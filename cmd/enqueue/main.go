@@ -33,6 +33,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/producer"
 )
 
 // Exit codes.
@@ -108,6 +109,14 @@ func (a *app) connect(cmd *cobra.Command) (config.File, redis.UniversalClient, e
 		return file, nil, err
 	}
 	return file, rdb, nil
+}
+
+// checkQueueFlag checks the queue --queue names; a bad one is bad input.
+func checkQueueFlag(queue string) error {
+	if err := producer.CheckQueue(queue); err != nil {
+		return badInput(fmt.Errorf("--queue: %w", err))
+	}
+	return nil
 }
 
 // newEnqueueClient connects to Redis as r says, for enqueueing: with a

@@ -36,10 +36,7 @@ default; --json prints one JSON document.`,
 			if len(args) > 0 {
 				return badInput(fmt.Errorf("plan takes no arguments, got %q (the tasks come from --file)", args))
 			}
-			if err := producer.CheckQueue(queue); err != nil {
-				return badInput(fmt.Errorf("--queue: %w", err))
-			}
-			return nil
+			return checkQueueFlag(queue)
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			file, rdb, err := a.connect(cmd)

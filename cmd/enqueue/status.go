@@ -18,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/jobs"
-	"github.com/sluicehq/sluice/producer"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -67,8 +66,8 @@ most ` + fmt.Sprint(jobs.MaxTaskETAs) + `).`,
 				return badInput(fmt.Errorf("--tasks and --keys show different things: give one"))
 			}
 			if queue != "" {
-				if err := producer.CheckQueue(queue); err != nil {
-					return badInput(fmt.Errorf("--queue: %w", err))
+				if err := checkQueueFlag(queue); err != nil {
+					return err
 				}
 			}
 			if cmd.Flags().Changed("top") && keys == "" && !tasks {
