@@ -78,10 +78,11 @@ type TaskNotFoundError struct {
 }
 
 func (e *TaskNotFoundError) Error() string {
+	where := fmt.Sprintf("any of the queues %q", e.Queues)
 	if len(e.Queues) == 1 {
-		return fmt.Sprintf("jobs: no task %q in queue %q (nor a copy it waits as)", e.ID, e.Queues[0])
+		where = fmt.Sprintf("queue %q", e.Queues[0])
 	}
-	return fmt.Sprintf("jobs: no task %q in any of the queues %q (nor a copy it waits as)", e.ID, e.Queues)
+	return fmt.Sprintf("jobs: no task %q in %s, nor a copy it waits as (a task that ran is kept only with a retention)", e.ID, where)
 }
 
 // maxTaskID bounds an id ETA takes: asynq takes any length, but a
