@@ -191,6 +191,7 @@ type etaReader struct {
 	gs        *gateSet
 	now       time.Time
 	paused    map[string]bool
+	pending   map[string]int   // by queue: the length of its pending list
 	fronts    map[string]front // by gate name and key
 }
 
@@ -211,7 +212,7 @@ func newETAReader(ctx context.Context, limits, queues redis.UniversalClient, cfg
 		return nil, fmt.Errorf("jobs: reading the limiters' clock: %w", err)
 	}
 	return &etaReader{limits: limits, queues: queues, inspector: asynq.NewInspectorFromRedisClient(queues), gs: gs,
-		now: now, paused: map[string]bool{}, fronts: map[string]front{}}, nil
+		now: now, paused: map[string]bool{}, pending: map[string]int{}, fronts: map[string]front{}}, nil
 }
 
 // allQueues lists the config's queues, then any other asynq knows.
@@ -295,6 +296,11 @@ func (r *etaReader) etaOf(ctx context.Context, queue string, info *asynq.TaskInf
 			e.At = at
 		}
 	case asynq.TaskStatePending:
+		if at, ok, err := kept(); err != nil || ok {
+			// Back from Redis for the turn it booked, due at once.
+			e.State, e.At = TaskBooked, at
+			return e, err
+		}
 		e.State = TaskPending
 		if position == 0 {
 			var err error
@@ -303,7 +309,7 @@ func (r *etaReader) etaOf(ctx context.Context, queue string, info *asynq.TaskInf
 			}
 		}
 		e.Position = position
-		at, err := r.predict(ctx, queue, route, claims, position)
+		at, err := r.predict(ctx, queue, info.Type, route, claims, position)
 		if err != nil {
 			return e, err
 		}
@@ -361,11 +367,12 @@ func (r *etaReader) position(ctx context.Context, queue, id string) (int, error)
 	return int(length.Val() - pos.Val()), nil // asynq takes from the right
 }
 
-// predict is when a task at position of queue, on route with claims, is
-// predicted to start: each of its rate gates gives a turn once those it
-// booked already are past (and its backlog line, if it has one), then one
-// per task ahead at its rate; the latest gate says.
-func (r *etaReader) predict(ctx context.Context, queue string, route *route, claims []claim, position int) (time.Time, error) {
+// predict is when a task of typ at position of queue, on route with
+// claims, is predicted to start: each of its rate gates gives a turn once
+// those it booked already are past (and its backlog line, if it has one),
+// then one per task ahead at its rate (for a quota, the other queues'
+// tasks that share it too); the latest gate says.
+func (r *etaReader) predict(ctx context.Context, queue, typ string, route *route, claims []claim, position int) (time.Time, error) {
 	at := r.now
 	tail, err := r.limits.ZScore(ctx, queueLines(queue), lineTail).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -375,7 +382,7 @@ func (r *etaReader) predict(ctx context.Context, queue string, route *route, cla
 		at = line
 	}
 	start := at
-	for _, c := range claims {
+	for i, c := range claims {
 		if c.g.fair || c.g.limit.Limit <= 0 {
 			continue
 		}
@@ -383,9 +390,43 @@ func (r *etaReader) predict(ctx context.Context, queue string, route *route, cla
 		if err != nil {
 			return at, err
 		}
-		start = maxTime(start, maxTime(f.free, at).Add(time.Duration(position-1)*f.interval))
+		ahead := position - 1
+		if i > 0 || r.gs.drains[queue] == nil {
+			// A quota: the other queues' pending tasks that share it are
+			// taken meanwhile too, in proportion to the queues' priorities.
+			others, err := r.sharingAhead(ctx, queue, typ, c.g, position-1)
+			if err != nil {
+				return at, err
+			}
+			ahead += others
+		}
+		start = maxTime(start, maxTime(f.free, at).Add(time.Duration(ahead)*f.interval))
 	}
 	return start, nil
+}
+
+// sharingAhead is how many pending tasks of other queues whose tasks of
+// typ meet gate g the workers take while they take ahead of queue's: each
+// queue in proportion to its priority, at most as many as it has.
+func (r *etaReader) sharingAhead(ctx context.Context, queue, typ string, g *gate, ahead int) (int, error) {
+	weight := func(q string) int { return max(1, r.gs.cfg.Queues[q].Priority) }
+	others := 0
+	for other := range r.gs.cfg.Queues {
+		if other == queue || !slices.Contains(r.gs.routeOf(other, typ).gates, g) {
+			continue
+		}
+		n, ok := r.pending[other]
+		if !ok {
+			length, err := r.queues.LLen(ctx, asynqKeys(other)+"pending").Result()
+			if err != nil {
+				return 0, fmt.Errorf("jobs: %s's pending list: %w", other, err)
+			}
+			n = int(length)
+			r.pending[other] = n
+		}
+		others += min(n, ahead*weight(other)/weight(queue))
+	}
+	return others, nil
 }
 
 // frontOf reads when claim c's gate next gives a turn of cost (its level),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -351,9 +352,9 @@ func busyShare(l LimitConfig, events int, span time.Duration) float64 {
 // planPage is how many tasks BacklogTasks reads at once.
 const planPage = 5000
 
-// BacklogTasks reads the tasks waiting in Redis in every queue of cfg and
-// of asynq (queues: asynq's Redis; limits: the limiters', for the wake
-// sets), for a plan: pending ones in the order they are taken, those
+// BacklogTasks reads the tasks waiting in Redis in every queue of cfg
+// (the queues its fleet serves; queues: asynq's Redis; limits: the
+// limiters', for the wake sets), for a plan: pending ones in the order they are taken, those
 // waiting for their turn (noted in the wake set) booked at it, retries
 // and scheduled ones at their time. Running, archived and completed tasks
 // are not counted. It reads at most most tasks, and fails beyond.
@@ -363,10 +364,7 @@ func BacklogTasks(ctx context.Context, limits, queues redis.UniversalClient, cfg
 		return nil, err
 	}
 	defer r.inspector.Close()
-	names, err := r.allQueues()
-	if err != nil {
-		return nil, err
-	}
+	names := slices.Sorted(maps.Keys(r.gs.cfg.Queues))
 	var tasks []PlanTask
 	add := func(info *asynq.TaskInfo, t PlanTask) error {
 		if len(tasks) >= most {
@@ -391,6 +389,11 @@ func BacklogTasks(ctx context.Context, limits, queues redis.UniversalClient, cfg
 				}
 				for _, info := range infos {
 					t := PlanTask{}
+					if info.State == asynq.TaskStatePending && backForTurn(info) {
+						// The waker brought it back for its turn, which is
+						// at most requeueLead away.
+						t.Ready, t.Booked = r.now, true
+					}
 					if info.State != asynq.TaskStatePending {
 						if wake == nil {
 							if wake, err = r.wakeSet(ctx, q); err != nil {
@@ -415,6 +418,13 @@ func BacklogTasks(ctx context.Context, limits, queues redis.UniversalClient, cfg
 		}
 	}
 	return tasks, nil
+}
+
+// backForTurn reports whether pending task info is back from waiting in
+// Redis (its last error a wait's, or a copy made for its turn): it holds a
+// turn booked before, or asks again now.
+func backForTurn(info *asynq.TaskInfo) bool {
+	return strings.HasPrefix(info.LastErr, waitErrorPrefix) || info.Headers[headerOrigin] != ""
 }
 
 // wakeSet reads queue's wake set whole: task id -> µs due.
