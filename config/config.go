@@ -165,6 +165,11 @@ type Gateway struct {
 	// MaxConnections caps the connections the intake holds open at once;
 	// default 256.
 	MaxConnections int
+	// AdminTokenHash is the SHA-256 of the admin token, 64 hex digits, as
+	// a client's key_sha256: with it, the intake serves the admin API
+	// (/v1/limits, /v1/tasks/{queue}/{id}) to requests that bear the
+	// token; without it, those routes do not exist.
+	AdminTokenHash string
 }
 
 // GatewayClient is one API key the intake accepts and what it may do.
@@ -426,6 +431,12 @@ func (g Gateway) Validate() []error {
 }
 
 // validate is Validate with the task types known.
+// isSHA256 reports whether h is a SHA-256 as 64 hex digits.
+func isSHA256(h string) bool {
+	_, err := hex.DecodeString(h)
+	return err == nil && len(h) == 64
+}
+
 func (g Gateway) validate(known []string) []error {
 	var p problems
 	p.check("gateway.listen", hostPort(g.Listen))
@@ -458,11 +469,14 @@ func (g Gateway) validate(known []string) []error {
 			p.add(fmt.Sprintf("gateway.types[%d]", i), "%q is not a task type the intake knows; known: %s (a type of your own must be named under tasks)", typ, strings.Join(known, ", "))
 		}
 	}
+	if g.AdminTokenHash != "" && !isSHA256(g.AdminTokenHash) { // not echoed, as key_sha256
+		p.add("gateway.admin_token_hash", "must be the SHA-256 of the token as 64 hex digits (printf %%s TOKEN | sha256sum), got %d characters", len(g.AdminTokenHash))
+	}
 	clientNames, keys := uniqueNames{list: "gateway.clients", use: "logs"}, map[string]int{}
 	for i, c := range g.Clients {
 		key := fmt.Sprintf("gateway.clients[%d]", i)
 		clientNames.check(&p, i, c.Name)
-		if _, err := hex.DecodeString(c.KeySHA256); err != nil || len(c.KeySHA256) != 64 {
+		if !isSHA256(c.KeySHA256) {
 			// The value is a hash, but it is not echoed: it may be a key pasted by mistake.
 			p.add(key+".key_sha256", "must be the SHA-256 of the key as 64 hex digits (printf %%s KEY | sha256sum), got %d characters", len(c.KeySHA256))
 		} else if j, dup := keys[c.KeySHA256]; dup {

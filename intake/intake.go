@@ -1,6 +1,7 @@
 // Package intake is sluice's HTTP intake of tasks, as an http.Handler built
 // from the config: POST /v1/tasks takes one task line (what one line of
-// enqueue --file holds) and enqueues it, GET /healthz answers ok.
+// enqueue --file holds) and enqueues it, GET /healthz answers ok. With an
+// admin token configured, it serves the admin API too (admin.go).
 //
 // A request meets, in order: bans (by address and API key), the API key
 // (gateway.clients, or anonymous clients where the config allows them),
@@ -60,6 +61,7 @@ const (
 // GET /healthz. Make one with New.
 type Intake struct {
 	mux      *http.ServeMux
+	rdb      redis.UniversalClient // the limits' Redis: the gateway's and the fleet's (admin.go)
 	client   *asynq.Client
 	limiter  *httplimit.Limiter
 	log      *slog.Logger
@@ -103,7 +105,7 @@ func New(f config.File, rdb redis.UniversalClient, client *asynq.Client, opts ..
 	if err != nil {
 		return nil, err
 	}
-	in := &Intake{client: client, limiter: limiter, log: o.log, accepted: prometheus.NewCounterVec(prometheus.CounterOpts{
+	in := &Intake{rdb: rdb, client: client, limiter: limiter, log: o.log, accepted: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_intake_requests_total",
 		Help: "Task requests the intake answered, by status code.",
 	}, []string{"code"})}
@@ -115,6 +117,7 @@ func New(f config.File, rdb redis.UniversalClient, client *asynq.Client, opts ..
 	// The cheap checks first: a banned or unknown client costs no body read.
 	in.mux.Handle("POST /v1/tasks", limiter.Bans(in.authenticate(in.readTask(limiter.Limits(http.HandlerFunc(in.enqueue))))))
 	in.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	in.adminRoutes()
 	return in, nil
 }
 
@@ -284,6 +287,14 @@ func (in *Intake) enqueue(w http.ResponseWriter, r *http.Request) {
 
 func (in *Intake) answer(w http.ResponseWriter, code int, body map[string]string) {
 	in.accepted.WithLabelValues(fmt.Sprint(code)).Inc()
+	writeJSON(w, code, body)
+}
+
+// answerJSON answers a request of the admin API (admin.go), not counted
+// with the task requests.
+func (in *Intake) answerJSON(w http.ResponseWriter, code int, body any) { writeJSON(w, code, body) }
+
+func writeJSON(w http.ResponseWriter, code int, body any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	json.NewEncoder(w).Encode(body)
@@ -299,6 +310,9 @@ type rules struct {
 	types     []string
 	queues    []string
 	payloads  producer.PayloadChecker // the task types and their schemas
+	jobs      jobs.Config             // the fleet's limits, as the file has them (admin.go)
+	adminOn   bool                    // gateway.admin_token_hash is set
+	admin     [32]byte                // its SHA-256
 }
 
 // client is one API key the intake knows and what it may do.
@@ -313,7 +327,8 @@ type client struct {
 func newRules(f config.File) *rules {
 	queues := slices.Sorted(maps.Keys(f.Jobs.Queues))
 	g := f.Gateway
-	r := &rules{closed: Closed(g), types: g.Types, queues: queues, payloads: f}
+	r := &rules{closed: Closed(g), types: g.Types, queues: queues, payloads: f, jobs: f.Jobs, adminOn: g.AdminTokenHash != ""}
+	hex.Decode(r.admin[:], []byte(g.AdminTokenHash)) // 64 hex digits, if any: the config checked them
 	for _, c := range g.Clients {
 		k := &client{name: c.Name, types: c.Types, queues: c.Queues}
 		if len(k.queues) == 0 {

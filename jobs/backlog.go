@@ -59,7 +59,7 @@ type backlogLine struct {
 // limit starts a line of its own. ok is false for a claim with no rate.
 func lineOf(queue string, c claim, cost int) (backlogLine, bool) {
 	limit := c.g.limit
-	if ov := c.g.overrides[c.key]; ov != nil {
+	if ov := c.g.overrides.of(c.key, true); ov != nil {
 		limit = ov.limit
 	}
 	if limit.Limit <= 0 || limit.Period <= 0 {

@@ -33,6 +33,12 @@ type blockBoard struct {
 	blocked sync.Map // quota -> time.Time (our clock): an upstream said not before then
 	// keys: blocked as in blocked, for values of keyed quotas.
 	keys *keyBlocks
+
+	// The same subscription hears of changes to the runtime limits
+	// (runtimelimits.go): limitsChanged is called on each, and subscribed
+	// each time the board has subscribed (it may have missed some). Either
+	// may be nil.
+	limitsChanged, subscribed func()
 }
 
 func newBlockBoard(deps fleetDeps) *blockBoard {
@@ -41,7 +47,7 @@ func newBlockBoard(deps fleetDeps) *blockBoard {
 	return b
 }
 
-func (b *blockBoard) run(ctx context.Context) { b.listen(ctx, nil) }
+func (b *blockBoard) run(ctx context.Context) { b.listen(ctx, b.subscribed) }
 
 // listen keeps the board up to date from blockChannel until ctx ends. On
 // any error (a silent connection counts, see blockHealthCheck) it
@@ -112,7 +118,7 @@ const (
 // until the subscription fails; it returns why. Once subscribed, it calls
 // subscribed.
 func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
-	sub := b.rdb.Subscribe(ctx, blockChannel)
+	sub := b.rdb.Subscribe(ctx, blockChannel, limitsChannel)
 	defer sub.Close()
 	// A read under way does not watch ctx: closing ends it. Once started,
 	// the close is awaited: takeBlocks leaves nothing running.
@@ -148,7 +154,14 @@ func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
 			return err
 		}
 		pinged = false
-		if m, ok := msg.(*redis.Message); ok {
+		m, ok := msg.(*redis.Message)
+		switch {
+		case !ok:
+		case m.Channel == limitsChannel:
+			if b.limitsChanged != nil {
+				b.limitsChanged()
+			}
+		default:
 			b.takeBlock(m.Payload)
 		}
 	}

@@ -338,7 +338,7 @@ func (b *booker) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
 // on the value as g keeps it, with its own limit if it has one.
 func (g *gate) claimOn(key string) claim {
 	key = g.limit.storedKey(key)
-	if ov := g.overrides[key]; ov != nil {
+	if ov := g.overrides.of(key, true); ov != nil {
 		return claim{g: g, lim: ov.lim, key: key}
 	}
 	return claim{g: g, lim: g.lim, key: key}

@@ -110,6 +110,10 @@ type LimitConfig struct {
 	// field, a wrong type): OnKeyErrorDefault ("" means it too) or
 	// OnKeyErrorWait. Keyed limits only.
 	OnKeyError string
+
+	// generation is the µs of the limit's last runtime change (set, reset
+	// or lapse), 0 if none: its state's version (stateVersion).
+	generation int64
 }
 
 // What a task does when its key expression fails (on_key_error).
@@ -135,26 +139,40 @@ type LimitOverride struct {
 
 // override is l for the key value with o: o's fields where set.
 func (l LimitConfig) override(o LimitOverride) LimitConfig {
-	if o.Algorithm != "" {
-		l.Algorithm = o.Algorithm
-	}
-	if o.Limit != 0 {
-		l.Limit = o.Limit
-	}
-	if o.Period != 0 {
-		l.Period = o.Period
-	}
-	if o.Burst != 0 {
-		l.Burst = o.Burst
-	}
-	if o.Windows != 0 {
-		l.Windows = o.Windows
-	}
-	if o.OnRedisError != "" {
-		l.OnRedisError = o.OnRedisError
-	}
+	l = l.replaced(o)
 	l.Key, l.Overrides, l.OnKeyError, l.HashKeys = "", nil, "", false
 	return l
+}
+
+// replaced is l with o's fields where set (a runtime limit's, say), its
+// key and overrides kept.
+func (l LimitConfig) replaced(o LimitOverride) LimitConfig {
+	m := LimitOverride{l.Algorithm, l.Limit, l.Period, l.Burst, l.Windows, l.OnRedisError}.merged(o)
+	l.Algorithm, l.Limit, l.Period, l.Burst, l.Windows, l.OnRedisError = m.Algorithm, m.Limit, m.Period, m.Burst, m.Windows, m.OnRedisError
+	return l
+}
+
+// merged is o with the fields set in over replaced.
+func (o LimitOverride) merged(over LimitOverride) LimitOverride {
+	if over.Algorithm != "" {
+		o.Algorithm = over.Algorithm
+	}
+	if over.Limit != 0 {
+		o.Limit = over.Limit
+	}
+	if over.Period != 0 {
+		o.Period = over.Period
+	}
+	if over.Burst != 0 {
+		o.Burst = over.Burst
+	}
+	if over.Windows != 0 {
+		o.Windows = over.Windows
+	}
+	if over.OnRedisError != "" {
+		o.OnRedisError = over.OnRedisError
+	}
+	return o
 }
 
 // defaultMaxBlock is a quota's MaxBlock unless the config says otherwise.
@@ -383,8 +401,8 @@ func (c Config) Validate() []error {
 				bad(key+".fairness", "cannot share a keyed drain (queues.%s.drain.key): each key has a drain of its own already", name)
 			}
 			errs = append(errs, validateKeyExpr(key+".fairness.key", f.Key, true)...)
-			if len(f.Weights) > maxOverrides {
-				bad(key+".fairness.weights", "at most %d are allowed, got %d", maxOverrides, len(f.Weights))
+			if len(f.Weights) > maxWeights {
+				bad(key+".fairness.weights", "at most %d are allowed, got %d", maxWeights, len(f.Weights))
 			}
 			for _, v := range sortedKeys(f.Weights) {
 				if len(v) > maxKeyName {
@@ -499,8 +517,8 @@ func (l LimitConfig) validate(key string) []error {
 	if len(l.Overrides) > 0 && l.Key == "" {
 		errs = append(errs, configProblem(key+".overrides", "apply to key values, but the limit has no key; give it one (%s.key)", key))
 	}
-	if len(l.Overrides) > maxOverrides {
-		errs = append(errs, configProblem(key+".overrides", "at most %d are allowed, got %d", maxOverrides, len(l.Overrides)))
+	if len(l.Overrides) > maxKeyOverrides {
+		errs = append(errs, configProblem(key+".overrides", "at most %d are allowed, got %d", maxKeyOverrides, len(l.Overrides)))
 	}
 	for _, v := range sortedKeys(l.Overrides) {
 		if len(v) > maxKeyName {

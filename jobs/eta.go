@@ -437,7 +437,7 @@ func (r *etaReader) frontOf(ctx context.Context, c claim, cost int) (front, erro
 		return f, nil
 	}
 	limit := c.g.limit
-	if ov := c.g.overrides[c.key]; ov != nil {
+	if ov := c.g.overrides.of(c.key, true); ov != nil {
 		limit = ov.limit
 	}
 	spec := limit.Spec().WithDefaults()

@@ -21,7 +21,7 @@ import (
 func (s *Scheduler) Run(ctx context.Context) {
 	s.changes.open(ctx)
 	defer s.changes.close()
-	runAll(ctx, s.fleet, s.board, s.waker, s.rescuer, s.rates)
+	runAll(ctx, s.fleet, s.board, s.waker, s.rescuer, s.rates, s.limits)
 }
 
 // orphanRescue runs again, every rescueEvery, the tasks that asynq

@@ -360,7 +360,8 @@ func subscriberNode(t *testing.T, c *redistest.FailoverCluster) string {
 			t.Fatal(err)
 		}
 		for _, line := range strings.Split(clients, "\n") {
-			if strings.Contains(line, " sub=1 ") {
+			// Subscribed to channels (blocks and the runtime limits').
+			if strings.Contains(line, " sub=") && !strings.Contains(line, " sub=0 ") {
 				return addr
 			}
 		}

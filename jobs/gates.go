@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,8 +109,9 @@ type gate struct {
 	// expr, if not nil, makes the gate keyed: the limiter key is the
 	// task's key value, under a prefix of the gate's own.
 	expr *keyExpr
-	// overrides are the key values with a limit of their own (keyed).
-	overrides map[string]*gate
+	// overrides are the key values with a limit of their own (keyed),
+	// their gates built on first use; nil if there are none.
+	overrides *overrideGates
 	// fair: the gate is a queue's fair share (fairGate.share): it has no
 	// limit of its own, and its claim is booked and counted with the
 	// drain's.
@@ -146,8 +148,11 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
 		clock: o.clock, replaced: make(chan struct{}), held: newHeldTurns(), keyedPools: newKeyedPools(maxKeyedPools), evaluations: o.evaluations}
-	var newGate func(kind GateKind, name string, l LimitConfig, keyed string) (*gate, error)
-	newGate = func(kind GateKind, name string, l LimitConfig, keyed string) (*gate, error) {
+	var newGateWith func(o gateOptions, kind GateKind, name string, l LimitConfig, keyed string) (*gate, error)
+	newGate := func(kind GateKind, name string, l LimitConfig, keyed string) (*gate, error) {
+		return newGateWith(o, kind, name, l, keyed)
+	}
+	newGateWith = func(o gateOptions, kind GateKind, name string, l LimitConfig, keyed string) (*gate, error) {
 		// A changed limit has a state of its own under a new version: the
 		// old state holds turns booked at the old rate, which would keep the
 		// queue at that rate until they are all used. Turns booked under an
@@ -155,7 +160,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		// the change is taken over, key by key (throttle.Replacing): a raise
 		// grants no unearned burst, a cut lets nothing through above it.
 		spec := l.Spec()
-		version := specVersion(spec)
+		version := l.stateVersion()
 		prefix := limitPrefix(string(kind), version)
 		if keyed == "" && l.Key != "" {
 			keyed = name
@@ -178,7 +183,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
 		}
-		if was := o.previous.predecessor(kind, name, keyed); was != nil && specVersion(was.limit.Spec()) != version && was.limit.Algorithm == l.Algorithm {
+		if was := o.previous.predecessor(kind, name, keyed); was != nil && was.limit.stateVersion() != version && was.limit.Algorithm == l.Algorithm {
 			opts = append(opts, throttle.Replacing(was.lim))
 		}
 		var lim throttle.Reserver
@@ -199,22 +204,31 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if g.expr, err = compileKey(l.Key); err != nil {
 			return nil, fmt.Errorf("jobs: %s %q: key: %w", kind, name, err)
 		}
-		h := fnv.New32a()
-		fmt.Fprintf(h, "%s\x00", l.Key)
-		g.overrides = map[string]*gate{}
-		for _, v := range sortedKeys(l.Overrides) {
-			// Under its stored key: with hash_keys, its value is in no
-			// Redis key name.
-			stored := l.storedKey(v)
-			ov, err := newGate(kind, name, l.override(l.Overrides[v]), name+"\x00"+stored)
-			if err != nil {
-				return nil, err
+		if len(l.Overrides) > 0 {
+			g.overrides = &overrideGates{limits: map[string]LimitOverride{}}
+			g.overrides.previous.Store(o.previous)
+			var sum uint64 // of every override's hash: its order does not count
+			for v, ov := range l.Overrides {
+				// Under its stored key: with hash_keys, its value is in no
+				// Redis key name.
+				stored := l.storedKey(v)
+				g.overrides.limits[stored] = ov
+				h := fnv.New64a()
+				fmt.Fprintf(h, "%s\x00%s\x00%d\x00%d\x00%d\x00%d\x00%s", stored, ov.Algorithm, ov.Limit, ov.Period, ov.Burst, ov.Windows, ov.OnRedisError)
+				sum += h.Sum64()
 			}
-			ov.name, ov.key = g.name, stored
-			g.overrides[stored] = ov
-			fmt.Fprintf(h, "%s=%s\x00", stored, ov.tag)
+			g.overrides.build = func(stored string, previous *gateSet) (*gate, error) {
+				o := o
+				o.previous = previous
+				ov, err := newGateWith(o, kind, name, l.override(g.overrides.limits[stored]), name+"\x00"+stored)
+				if err != nil {
+					return nil, err
+				}
+				ov.name, ov.key = g.name, stored
+				return ov, nil
+			}
+			g.tag += fmt.Sprintf("#%016x", sum)
 		}
-		g.tag += fmt.Sprintf("#%08x", h.Sum32())
 		return g, nil
 	}
 	newSem := func(limit int, prefix string, keyed bool) (*throttle.Semaphore, error) {
@@ -302,20 +316,85 @@ func (gs *gateSet) predecessor(kind GateKind, name, keyed string) *gate {
 	if g == nil {
 		return nil
 	}
-	if ov := g.overrides[value]; ov != nil {
+	if ov := g.overrides.of(value, false); ov != nil {
 		return ov
 	}
 	return g
+}
+
+// overrideGates are a keyed gate's overrides, the gate of each key value
+// built on first use: a fleet may have 100,000 of them (enqueue limits
+// import), and a gate is a limiter of its own (about 500 B), but only the
+// values that have tasks need one.
+type overrideGates struct {
+	limits map[string]LimitOverride // by stored key value
+	// build builds the gate of a key value; with previous, as the
+	// successor of its gate there (throttle.Replacing).
+	build func(stored string, previous *gateSet) (*gate, error)
+	// previous is the gate set this one replaced, until this one is
+	// replaced in turn (see forget): a gate built later takes over what
+	// its predecessor counted, and no chain of gate sets is kept.
+	previous atomic.Pointer[gateSet]
+	built    sync.Map // stored key value -> *gate
+}
+
+// of is the gate of key value stored, or nil if it has no override (or o
+// is nil). With successor false, the gate is built without a predecessor:
+// it is wanted as a predecessor itself.
+func (o *overrideGates) of(stored string, successor bool) *gate {
+	if o == nil {
+		return nil
+	}
+	if g, ok := o.built.Load(stored); ok {
+		return g.(*gate)
+	}
+	if _, ok := o.limits[stored]; !ok {
+		return nil
+	}
+	var previous *gateSet
+	if successor {
+		previous = o.previous.Load()
+	}
+	g, err := o.build(stored, previous)
+	if err != nil {
+		// Config.Validate checked every override's spec, and a spec it
+		// accepts builds: this is a bug, and the gate's own limit holds.
+		return nil
+	}
+	actual, _ := o.built.LoadOrStore(stored, g)
+	return actual.(*gate)
+}
+
+// all is every override's gate, each built.
+func (o *overrideGates) all() []*gate {
+	if o == nil {
+		return nil
+	}
+	gates := make([]*gate, 0, len(o.limits))
+	for stored := range o.limits {
+		if g := o.of(stored, true); g != nil {
+			gates = append(gates, g)
+		}
+	}
+	return gates
 }
 
 // stateLayout changes when the layout of the limiters' state in Redis does,
 // so that a new version never reads an old one's.
 const stateLayout = "2"
 
-// specVersion names a spec's state: the same spec, the same version.
-func specVersion(spec throttle.Spec) string {
+// stateVersion names a limit's state: the same spec in the same
+// generation, the same version. A limit changed live back to a spec it had
+// before (a runtime limit reset, or lapsed) is in a new generation: the
+// state of its earlier time holds turns booked ahead that their tasks gave
+// up when they booked again, and would keep them out.
+func (l LimitConfig) stateVersion() string {
+	spec := l.Spec()
 	h := fnv.New32a()
 	fmt.Fprintf(h, "%s %d %d %d %d %s", spec.Algorithm, spec.Limit, spec.Period, spec.Burst, spec.Windows, stateLayout)
+	if l.generation != 0 {
+		fmt.Fprintf(h, " %d", l.generation)
+	}
 	return fmt.Sprintf("%s-%08x", spec.Algorithm, h.Sum32())
 }
 
@@ -396,6 +475,13 @@ func (gs *gateSet) countRun(claims []claim) func() {
 
 // close gives back the turns the pools hold: gs is no longer in force.
 func (gs *gateSet) close() {
+	for _, gates := range []map[string]*gate{gs.drains, gs.quotas} {
+		for _, g := range gates {
+			if g.overrides != nil {
+				g.overrides.previous.Store(nil) // see overrideGates.previous
+			}
+		}
+	}
 	gs.pools.Range(func(_, p any) bool {
 		if p := p.(*throttle.Pool); p != nil {
 			p.Close()

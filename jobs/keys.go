@@ -34,9 +34,12 @@ const (
 	// larger one falls into the default key (decoding it would cost more
 	// than the task's turn).
 	maxKeyedPayload = 1 << 20
-	// maxOverrides bounds the per-key overrides of one limit, and the
-	// weights of one queue's fairness.
-	maxOverrides = 1000
+	// maxWeights bounds the weights of one queue's fairness.
+	maxWeights = 1000
+	// maxKeyOverrides bounds the per-key overrides of one limit, the
+	// config file's and the runtime ones (runtimelimits.go) together:
+	// every worker keeps each as a limiter of its own, about 500 B.
+	maxKeyOverrides = 200_000
 	// maxKeyName bounds an override's or a weight's key value.
 	maxKeyName = 256
 	// maxWeight bounds a fairness weight.

@@ -145,7 +145,7 @@ func (gs *gateSet) keyedGates() map[string]keyedGate {
 			// Each override keeps its one key value under a prefix of its
 			// own: read with the gate's in one scan.
 			lims := []throttle.Limiter{g.lim}
-			for _, o := range g.overrides {
+			for _, o := range g.overrides.all() {
 				lims = append(lims, o.lim)
 			}
 			gates[g.name] = keyedGate{func(ctx context.Context) ([]throttle.KeyLoad, error) { return throttle.Loads(ctx, lims...) }, g.limit.storedKey}

@@ -44,7 +44,7 @@ func (f *keyedFixture) book(t testing.TB, id, dest string) {
 // counted is how many events dest's bucket counts now.
 func (f *keyedFixture) counted(t testing.TB, dest string) int {
 	g := f.s.gates.Load().quotas[f.quota]
-	if ov := g.overrides[dest]; ov != nil {
+	if ov := g.overrides.of(dest, true); ov != nil {
 		g = ov
 	}
 	level, err := g.lim.Peek(context.Background(), dest)

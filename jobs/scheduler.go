@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,7 +79,15 @@ type Scheduler struct {
 	waker   *waker        // tasks that wait in Redis, brought back when due
 	rescuer *orphanRescue // tasks orphaned by a worker's death
 	rates   *rateRecorder // completions not yet added to the fleet's rate buckets
+	limits  *limitsWatch  // the runtime limits set live (runtimelimits.go)
 	changes changeWork    // what config changes leave to do, awaited by Run
+
+	// The config in force is file with runtime merged onto it; applying
+	// holds applyMu, so that a file's change and a runtime one do not
+	// cross.
+	applyMu sync.Mutex
+	file    Config
+	runtime []RuntimeLimit
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -106,10 +115,24 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.waker = newWaker(deps, m)
 	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
 	s.rates = &rateRecorder{fleetDeps: deps}
+	s.limits = newLimitsWatch(deps, s.applyRuntime)
+	s.board.subscribed, s.board.limitsChanged = s.limits.poke, s.limits.poke
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
 	}
+	s.file = cfg
+	// A worker that starts after a runtime limit was set books by it from
+	// its first task; if Redis does not answer now, the file's limits are
+	// in force until the watch reads them.
+	ctx, cancel := context.WithTimeout(context.Background(), runtimeFirstRead)
+	if rl, err := LoadRuntimeLimits(ctx, rdb); err != nil {
+		log.Warn("cannot read the runtime limits; the file's are in force until they are read", "err", err)
+	} else {
+		s.runtime = rl
+		cfg = s.merged(cfg)
+	}
+	cancel()
 	gs, err := s.newGateSet(cfg)
 	if err != nil {
 		return nil, err
@@ -117,6 +140,22 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.gates.Store(gs)
 	s.running = make(chan struct{}, cfg.Worker.Concurrency)
 	return s, nil
+}
+
+// runtimeFirstRead bounds NewScheduler's read of the runtime limits.
+const runtimeFirstRead = 2 * time.Second
+
+// merged is file, a config file's checked config, with the runtime limits
+// in force now merged onto it; if they make it one that Validate refuses
+// (the file changed under them), file alone, and the problem is logged.
+// applyMu is held, or s is new.
+func (s *Scheduler) merged(file Config) Config {
+	cfg := file.WithRuntimeLimits(s.runtime, s.clock.Now()).Defaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		s.log.Error("the runtime limits do not fit the config file; the file's limits are in force until they are reset", "err", errors.Join(errs...))
+		return file
+	}
+	return cfg
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
@@ -146,11 +185,35 @@ var ErrRestartNeeded = errors.New("jobs: the change needs a restart")
 // Tasks waiting in Redis for turns booked under a changed limit are
 // brought forward to book again: on Run's context, and Run returns only
 // once that is done; while Run is not running, before Apply returns.
+//
+// cfg is the config file's: the runtime limits set live (runtimelimits.go)
+// stay merged onto it.
 func (s *Scheduler) Apply(cfg Config) error {
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
 	}
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if err := s.putInForce(s.merged(cfg)); err != nil {
+		return err
+	}
+	s.file = cfg
+	return nil
+}
+
+// applyRuntime puts the runtime limits rl in force, merged onto the file.
+func (s *Scheduler) applyRuntime(rl []RuntimeLimit) {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	s.runtime = rl
+	if err := s.putInForce(s.merged(s.file)); err != nil {
+		s.log.Error("cannot put the runtime limits in force; the limits in force stay", "err", err)
+	}
+}
+
+// putInForce puts cfg, checked, in force; applyMu is held.
+func (s *Scheduler) putInForce(cfg Config) error {
 	old := s.gates.Load()
 	if was, now := slices.Sorted(maps.Keys(old.cfg.Queues)), slices.Sorted(maps.Keys(cfg.Queues)); !slices.Equal(was, now) {
 		return fmt.Errorf("%w: the queues would change from %v to %v; the config in force stays", ErrRestartNeeded, was, now)

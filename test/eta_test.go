@@ -302,3 +302,41 @@ func TestETAAndPlanBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanWithLimitSetLive: enqueue plan and eta go by the limits in force:
+// a drain of 20/s set live to 40/s (enqueue limits set) plans 400 tasks
+// empty after 9.975 s instead of 19.95 s, and predicts the last pending
+// one 9.975 s away.
+func TestPlanWithLimitSetLive(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, "live")
+	config := writeConfig(t, fmt.Sprintf("redis: {addr: 127.0.0.1:1}\nqueues:\n  %s: {drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1}}\n", queue))
+	lines := writeLines(t, 400, func(i int) string {
+		return fmt.Sprintf(`{"type": "demo:noop", "queue": %q, "options": {"task_id": "%s-%d"}}`, queue, queue, i)
+	})
+	r := &fleetRun{config: config}
+	var before, after planDoc
+	r.runJSON(t, &before, "plan", "--file", lines, "--json")
+	if run := runEnqueue(t, redistest.Addr(t), nil, "--config", config, "limits", "set", "drain:"+queue, "--limit", "40", "--reason", "plan test"); run.code != 0 {
+		t.Fatalf("limits set: exit %d: %s", run.code, run.stderr)
+	}
+	t.Cleanup(func() {
+		runEnqueue(t, redistest.Addr(t), nil, "--config", config, "limits", "reset", "drain:"+queue, "--reason", "plan test done")
+	})
+	r.runJSON(t, &after, "plan", "--file", lines, "--json")
+	if got := before.queue(t, queue).Seconds; got != 19.95 {
+		t.Errorf("plan at 20/s: empty after %v s, want 19.95", got)
+	}
+	if got := after.queue(t, queue).Seconds; got != 9.975 {
+		t.Errorf("plan with the drain set live to 40/s: empty after %v s, want 9.975", got)
+	}
+	if run := runEnqueue(t, redistest.Addr(t), nil, "--config", config, "--file", lines); run.code != 0 {
+		t.Fatalf("enqueue --file: exit %d: %s", run.code, run.stderr)
+	}
+	var pending struct{ Tasks []etaDoc }
+	r.runJSON(t, &pending, "status", "--queue", queue, "--tasks", "--top", "400", "--json")
+	last := pending.Tasks[len(pending.Tasks)-1]
+	if last.Position != 400 || last.wait() != 9975*time.Millisecond {
+		t.Errorf("the last pending task: %+v, predicted %v away; want position 400, 9.975 s", last, last.wait())
+	}
+}

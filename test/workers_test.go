@@ -19,8 +19,9 @@ import (
 // worker is one running worker process.
 type worker struct {
 	cmd     *exec.Cmd
-	metrics string // host:port of its metrics server
-	log     string // path of its log file
+	metrics string        // host:port of its metrics server
+	log     string        // path of its log file
+	exited  chan struct{} // closed once the process has exited
 }
 
 // startWorker starts a worker on the config file and waits until its
@@ -46,6 +47,7 @@ func startWorkerBinary(t *testing.T, binary string, args []string, env ...string
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
+	w.exited = exited
 	go func() {
 		w.cmd.Wait()
 		logFile.Close()
@@ -90,6 +92,18 @@ func startWorkerBinary(t *testing.T, binary string, args []string, env ...string
 			t.Fatalf("worker did not come up: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop stops the worker with SIGTERM, as an operator would, and waits for
+// it to exit.
+func (w *worker) stop(t *testing.T) {
+	t.Helper()
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-w.exited:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("worker %s did not stop within 15 s of SIGTERM", w.metrics)
 	}
 }
 

@@ -47,7 +47,11 @@ in local time. An id no queue holds exits 2.`,
 				return err
 			}
 			defer rdb.Close()
-			e, err := jobs.ETA(cmd.Context(), rdb, rdb, file.Jobs, queue, args[0])
+			cfg, err := inForce(cmd.Context(), rdb, file.Jobs, time.Now())
+			if err != nil {
+				return redisFailed(fmt.Errorf("eta from %s: %w", redisAt(file.Redis), err))
+			}
+			e, err := jobs.ETA(cmd.Context(), rdb, rdb, cfg, queue, args[0])
 			if errors.As(err, new(*jobs.TaskNotFoundError)) {
 				return badInput(err)
 			}

@@ -6,6 +6,7 @@
 //	enqueue [flags] --file tasks.jsonl        one task per line; "-" reads stdin
 //	enqueue status [--watch] [--json]         queues, gates and live workers
 //	enqueue serve [--listen HOST:PORT]        the HTTP intake: POST /v1/tasks
+//	enqueue limits list|set|reset|history|import   change limits fleet-wide, live, audited
 //	enqueue eta TASK_ID [--queue Q]           when a task is predicted to start
 //	enqueue plan [--file F] [--json]          when each queue will be empty, before enqueueing
 //	enqueue --version
@@ -33,6 +34,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/producer"
 )
 
@@ -78,6 +80,7 @@ func newRootCommand(a *app) *cobra.Command {
 	_ = root.MarkPersistentFlagFilename("config", "yaml", "yml")
 	root.AddCommand(newStatusCommand(a))
 	root.AddCommand(newServeCommand(a))
+	root.AddCommand(newLimitsCommand(a))
 	root.AddCommand(newETACommand(a))
 	root.AddCommand(newPlanCommand(a))
 	return root
@@ -109,6 +112,17 @@ func (a *app) connect(cmd *cobra.Command) (config.File, redis.UniversalClient, e
 		return file, nil, err
 	}
 	return file, rdb, nil
+}
+
+// inForce is cfg with the limits set live (enqueue limits) that are in
+// force at now merged in: the config the workers run, and whose gates'
+// state a reader must look at.
+func inForce(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config, now time.Time) (jobs.Config, error) {
+	rl, err := jobs.LoadRuntimeLimits(ctx, rdb)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg.WithRuntimeLimits(rl, now), nil
 }
 
 // checkQueueFlag checks the queue --queue names; a bad one is bad input.

@@ -55,18 +55,22 @@ default; --json prints one JSON document.`,
 					return err
 				}
 			}
-			tasks, err := jobs.BacklogTasks(ctx, rdb, rdb, file.Jobs, jobs.MaxPlanTasks-len(fromFile))
+			cfg, err := inForce(ctx, rdb, file.Jobs, now)
+			if err != nil {
+				return redisFailed(fmt.Errorf("plan: the limits set live in %s: %w", redisAt(file.Redis), err))
+			}
+			tasks, err := jobs.BacklogTasks(ctx, rdb, rdb, cfg, jobs.MaxPlanTasks-len(fromFile))
 			if err != nil {
 				return redisFailed(fmt.Errorf("plan: the backlog in %s: %w", redisAt(file.Redis), err))
 			}
-			plan, err := jobs.PlanOf(file.Jobs, now, append(tasks, fromFile...))
+			plan, err := jobs.PlanOf(cfg, now, append(tasks, fromFile...))
 			if err != nil {
 				return badInput(err)
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(plan)
 			}
-			return printPlan(cmd.OutOrStdout(), plan, file.Jobs.Defaults())
+			return printPlan(cmd.OutOrStdout(), plan, cfg.Defaults())
 		},
 	}
 	cmd.Flags().StringVar(&path, "file", "", "also count the tasks of this JSON Lines `FILE`, to be enqueued (\"-\": stdin)")

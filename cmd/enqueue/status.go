@@ -146,6 +146,10 @@ type gateStatus struct {
 	Level    *int   `json:"level"`
 	Capacity int    `json:"capacity"`      // the most it can admit at once
 	Key      string `json:"key,omitempty"` // a keyed limit's key expression
+	// Live: an override set live (enqueue limits set) is in force in
+	// place of the file's limit; LiveKeys: so many key values have one.
+	Live     bool `json:"live,omitempty"`
+	LiveKeys int  `json:"live_keys,omitempty"`
 }
 
 type workerStatus struct {
@@ -195,8 +199,12 @@ type keyStatus struct {
 func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, one bool, value string, watch, asJSON bool) error {
 	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
 		s := keysSnapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Gate: gate, Keys: []keyStatus{}}
+		rl, err := jobs.LoadRuntimeLimits(ctx, rdb)
+		if err != nil {
+			return s, err
+		}
+		cfg = cfg.WithRuntimeLimits(rl, s.Time) // key values set live keep their state apart
 		var loads []throttle.KeyLoad
-		var err error
 		if one {
 			var l throttle.KeyLoad
 			var found bool
@@ -313,8 +321,22 @@ func printKeys(w io.Writer, s keysSnapshot) error {
 
 // takeSnapshot reads the queues, gates and workers.
 func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asynq.Inspector, cfg jobs.Config) (snapshot, error) {
-	cfg = cfg.Defaults()
 	s := snapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Quotas: []gateStatus{}, Workers: []workerStatus{}}
+	rl, err := jobs.LoadRuntimeLimits(ctx, rdb)
+	if err != nil {
+		return s, err
+	}
+	cfg = cfg.WithRuntimeLimits(rl, s.Time).Defaults()
+	live := func(g *gateStatus, gate jobs.GateName) {
+		for _, r := range rl {
+			if r.Gate == gate && r.InForce(s.Time) {
+				g.Live = g.Live || r.Key == ""
+				if r.Key != "" {
+					g.LiveKeys++
+				}
+			}
+		}
+	}
 	known, err := inspector.Queues()
 	if err != nil {
 		return s, fmt.Errorf("listing queues: %w", err)
@@ -347,7 +369,9 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		if qc, ok := cfg.Queues[name]; ok {
 			q.Configured = true
 			if qc.Drain != nil {
-				g := newGateStatus("", *qc.Drain, levels, jobs.GateName{Kind: jobs.DrainGate, Name: name}.String())
+				gate := jobs.GateName{Kind: jobs.DrainGate, Name: name}
+				g := newGateStatus("", *qc.Drain, levels, gate.String())
+				live(&g, gate)
 				q.Drain = &g
 			}
 		}
@@ -359,7 +383,10 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		s.Queues = append(s.Queues, q)
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Quotas)) {
-		s.Quotas = append(s.Quotas, newGateStatus(name, cfg.Quotas[name], levels, jobs.GateName{Kind: jobs.QuotaGate, Name: name}.String()))
+		gate := jobs.GateName{Kind: jobs.QuotaGate, Name: name}
+		g := newGateStatus(name, cfg.Quotas[name], levels, gate.String())
+		live(&g, gate)
+		s.Quotas = append(s.Quotas, g)
 	}
 	servers, err := inspector.Servers()
 	if err != nil {
@@ -453,6 +480,14 @@ func (g gateStatus) describe() string {
 	s := fmt.Sprintf("%s %d/%s", g.Algorithm, g.Limit, g.Period)
 	if g.Burst > 0 {
 		s += fmt.Sprintf(" burst %d", g.Burst)
+	}
+	switch {
+	case g.Live && g.LiveKeys > 0:
+		s += fmt.Sprintf(" (set live; %d keys too: limits list)", g.LiveKeys)
+	case g.Live:
+		s += " (set live: limits list)"
+	case g.LiveKeys > 0:
+		s += fmt.Sprintf(" (%d keys set live: limits list --keys)", g.LiveKeys)
 	}
 	return s
 }

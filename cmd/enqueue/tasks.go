@@ -25,6 +25,10 @@ type tasksSnapshot struct {
 func (a *app) taskStatus(cmd *cobra.Command, queue string, top int, watch, asJSON bool) error {
 	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
 		s := tasksSnapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Queue: queue, Tasks: []etaJSON{}}
+		cfg, err := inForce(ctx, rdb, cfg, s.Time)
+		if err != nil {
+			return s, err
+		}
 		etas, err := jobs.QueueETAs(ctx, rdb, rdb, cfg, queue, top)
 		for _, e := range etas {
 			s.Tasks = append(s.Tasks, etaDoc(e))
