@@ -203,11 +203,17 @@ queues:
 // TestPlanSharedQuota (issue 22 item 4): three queues at drains of 5, 10
 // and 20/s share a quota of 20/s (token bucket, burst 5) that binds: 60,
 // 120 and 240 tasks, planned by `enqueue plan --file` just before they
-// are enqueued. Each queue's last task starts within 5% of when the plan
-// said (counted from when the paused queues are let go), and the plan has
-// the quota busy all along. A plan 4 s into the run, from the backlog in
-// Redis (tasks booked, woken for their turn, pending), predicts what is
-// left of each queue within 5% too.
+// are enqueued. The queue its drain holds back (5/s) and the last one
+// (the quota's total) end within 5% of when the plan said, counted from
+// when the paused queues are let go; the middle one within 10%: how much
+// of the quota it gets while all three compete follows the order in which
+// the workers happen to take the queues (asynq picks one at random by
+// priority for each task), and over 300 plans of random orders its end
+// spread from 13.8 to 16.05 s (5th to 95th percentile) around the 14.7 s
+// the plan's even order gives. The plan has the quota busy all along. A
+// plan 4 s into the run, from the backlog in Redis (tasks booked, woken
+// for their turn, pending), predicts what is left of each queue within 5%:
+// by then every turn is booked.
 func TestPlanSharedQuota(t *testing.T) {
 	t.Parallel()
 	rates := []int{5, 10, 20}
@@ -229,15 +235,19 @@ func TestPlanSharedQuota(t *testing.T) {
 	var midRun planDoc
 	r.runJSON(t, &midRun, "plan", "--json")
 	r.finish(t, len(all), 60*time.Second, queues...)
-	for _, q := range queues {
+	for i, q := range queues {
+		bound := 0.05
+		if i == 1 {
+			bound = 0.10 // the pull order's spread: see above
+		}
 		own := r.u.Under(q)
 		last := own[len(own)-1]
 		took, predicted := last.Sub(start).Seconds(), plan.queue(t, q).Seconds
 		left, predictedLeft := last.Sub(midRun.Now).Seconds(), midRun.queue(t, q).Empty.Sub(midRun.Now).Seconds()
 		t.Logf("%s (%d tasks): empty after %.3f s predicted, %.3f s measured; 4 s in, %.3f s more predicted, %.3f s measured",
 			q, len(own), predicted, took, predictedLeft, left)
-		if math.Abs(took-predicted) > 0.05*took {
-			t.Errorf("queue %s: plan predicted it empty after %.3f s, it took %.3f s: want within 5%%", q, predicted, took)
+		if math.Abs(took-predicted) > bound*took {
+			t.Errorf("queue %s: plan predicted it empty after %.3f s, it took %.3f s: want within %.0f%%", q, predicted, took, 100*bound)
 		}
 		if math.Abs(left-predictedLeft) > 0.05*left {
 			t.Errorf("queue %s: plan 4 s into the run predicted it empty %.3f s later, it took %.3f s: want within 5%%", q, predictedLeft, left)
