@@ -46,7 +46,7 @@ func TestKeptTurn(t *testing.T) {
 			if _, ok := read(drain, "q", "task-9"); ok {
 				t.Error("task-9, never booked, reads as kept")
 			}
-			if err := drain.(throttle.Reserver).Cancel(ctx, "q", ahead.Turns[0]); err != nil {
+			if err := drain.Cancel(ctx, "q", ahead.Turns[0]); err != nil {
 				t.Fatal(err)
 			}
 			if _, ok := read(drain, "q", "task-1"); ok {
