@@ -331,11 +331,39 @@ func (b *booker) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
 	if !ok {
 		return claim{}, false
 	}
+	return g.claimOn(key), true
+}
+
+// claimOn is the claim on keyed gate g of a task whose key value is key:
+// on the value as g keeps it, with its own limit if it has one.
+func (g *gate) claimOn(key string) claim {
 	key = g.limit.storedKey(key)
 	if ov := g.overrides.of(key, true); ov != nil {
-		return claim{g: g, lim: ov.lim, key: key}, true
+		return claim{g: g, lim: ov.lim, key: key}
 	}
-	return claim{g: g, lim: g.lim, key: key}, true
+	return claim{g: g, lim: g.lim, key: key}
+}
+
+// quietClaims is the claims a task makes on route r, for tools that read
+// what it booked: a key that fails is DefaultKey's, uncounted and unlogged
+// (the worker that books the task does both).
+func quietClaims(r *route, vars *taskVars) []claim {
+	if !r.keyed {
+		return r.claims
+	}
+	claims := make([]claim, len(r.gates))
+	for i, g := range r.gates {
+		if g.expr == nil {
+			claims[i] = claim{g: g, lim: g.lim, key: g.key}
+			continue
+		}
+		key, err := g.expr.eval(vars)
+		if err != nil {
+			key = DefaultKey
+		}
+		claims[i] = g.claimOn(key)
+	}
+	return claims
 }
 
 // keyErrorWait is how long a task whose key failed on a limit with

@@ -138,6 +138,9 @@ type gateOptions struct {
 	// previous, if not nil, is the gate set these gates replace (a live
 	// change): a changed limit takes over what its predecessor counted.
 	previous *gateSet
+	// local builds the rate gates on in-process limiters on clock, and no
+	// fair shares: a plan's (plan.go), which touches no state in Redis.
+	local bool
 }
 
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
@@ -183,7 +186,13 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if was := o.previous.predecessor(kind, name, keyed); was != nil && was.limit.stateVersion() != version && was.limit.Algorithm == l.Algorithm {
 			opts = append(opts, throttle.Replacing(was.lim))
 		}
-		lim, err := throttle.New(rdb, spec, opts...)
+		var lim throttle.Reserver
+		var err error
+		if o.local {
+			lim, err = throttle.NewLocal(spec, throttle.WithClock(o.clock))
+		} else {
+			lim, err = throttle.New(rdb, spec, opts...)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("jobs: %s %q: %w", kind, name, err)
 		}
@@ -239,7 +248,7 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 				return nil, err
 			}
 			gs.drains[name] = g
-			if q.Fairness != nil {
+			if q.Fairness != nil && !o.local {
 				f, err := newFairGate(rdb, name, *q.Drain, *q.Fairness, o.clock)
 				if err != nil {
 					return nil, err

@@ -9,9 +9,11 @@ import (
 	"hash/maphash"
 	"io"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -134,31 +136,42 @@ type Checked struct {
 // r must be an io.Seeker when lines give task ids: duplicates are found by
 // a second reading.
 func CheckTasks(r io.Reader, name string, skip int, d Defaults, now time.Time, known func(queue string) bool) (Checked, error) {
+	return ReadTasks(r, name, skip, d, now, known, nil)
+}
+
+// ReadTasks is CheckTasks that also gives each good task, with its Line,
+// to each (if not nil) as it is read: one reading for a caller that holds
+// the tasks anyway (enqueue plan). If any line is bad, the tasks given
+// are not all of them.
+func ReadTasks(r io.Reader, name string, skip int, d Defaults, now time.Time, known func(queue string) bool, each func(Task)) (Checked, error) {
 	lr := newLineReader(r, name, skip)
 	c := Checked{Queues: map[string]int{}}
 	var problems []string
 	bad := 0
 	var ids idSet
-	for lr.next() {
-		t, err := DecodeLine(lr.data, d, now)
+	decodeAll(lr, d, now, func(line int, t Task, err error) {
 		if err != nil {
 			bad++
 			if len(problems) < maxProblems {
-				problems = append(problems, fmt.Sprintf("line %d: %s", lr.line, strings.ReplaceAll(err.Error(), "\n", "; ")))
+				problems = append(problems, fmt.Sprintf("line %d: %s", line, strings.ReplaceAll(err.Error(), "\n", "; ")))
 			}
-			continue
+			return
 		}
 		if t.TaskID != "" {
 			ids.add(t.Queue, t.TaskID)
 		}
+		if each != nil {
+			t.Line = line
+			each(t)
+		}
 		c.Tasks++
-		c.LastLine = lr.line
+		c.LastLine = line
 		if _, counted := c.Queues[t.Queue]; counted || known(t.Queue) || len(c.Queues) < maxQueueNames {
 			c.Queues[t.Queue]++
 		} else {
 			c.More++
 		}
-	}
+	})
 	if err := lr.err(); err != nil {
 		return c, err
 	}
@@ -180,6 +193,39 @@ func CheckTasks(r io.Reader, name string, skip int, d Defaults, now time.Time, k
 		return c, errors.New(msg)
 	}
 	return c, nil
+}
+
+// decodeBatch is how many lines decodeAll decodes at once.
+const decodeBatch = 2048
+
+// decodeAll decodes every line lr yields with DecodeLine, a batch at a
+// time spread over the CPUs (decoding is most of what reading a file
+// costs), and gives each to each, in order.
+func decodeAll(lr *lineReader, d Defaults, now time.Time, each func(line int, t Task, err error)) {
+	workers := runtime.GOMAXPROCS(0)
+	raw, lines := make([][]byte, 0, decodeBatch), make([]int, 0, decodeBatch)
+	tasks, errs := make([]Task, decodeBatch), make([]error, decodeBatch)
+	for {
+		raw, lines = raw[:0], lines[:0]
+		for len(raw) < decodeBatch && lr.next() {
+			raw, lines = append(raw, bytes.Clone(lr.data)), append(lines, lr.line)
+		}
+		var wg sync.WaitGroup
+		for w := range min(workers, len(raw)) {
+			wg.Go(func() {
+				for i := w; i < len(raw); i += workers {
+					tasks[i], errs[i] = DecodeLine(raw[i], d, now)
+				}
+			})
+		}
+		wg.Wait()
+		for i := range raw {
+			each(lines[i], tasks[i], errs[i])
+		}
+		if len(raw) < decodeBatch {
+			return
+		}
+	}
 }
 
 // compareLines orders problems "line N: ..." by N.

@@ -69,14 +69,16 @@ func (b backend) checkQueueEmpty(t *testing.T, queue string) {
 // costs in limiter calls.
 type fleetRun struct {
 	backend
-	u     *upstream
-	fleet []*worker
+	u      *upstream
+	fleet  []*worker
+	config string // the workers' config file
 }
 
 func startFleet(t *testing.T, b backend, workers int, config string) *fleetRun {
 	t.Helper()
 	r := &fleetRun{backend: b, u: newUpstream(t)}
 	path := writeConfig(t, b.yaml(t)+"\n"+config+r.u.allowYAML())
+	r.config = path
 	for range workers {
 		r.fleet = append(r.fleet, startWorker(t, path))
 	}
@@ -98,6 +100,16 @@ func (r *fleetRun) enqueue(t *testing.T, queue, prefix string, n int) {
 // request would count the producer.)
 func (r *fleetRun) enqueueBacklogs(t *testing.T, queues []string, counts []int) {
 	t.Helper()
+	r.pause(t, queues...)
+	for i, q := range queues {
+		r.enqueue(t, q, q, counts[i])
+	}
+	r.letGo(t, queues...)
+}
+
+// pause pauses queues: the fleet takes none of their tasks until letGo.
+func (r *fleetRun) pause(t *testing.T, queues ...string) {
+	t.Helper()
 	inspector := asynq.NewInspector(r.asynqOpt(t))
 	defer inspector.Close()
 	for _, q := range queues {
@@ -105,14 +117,20 @@ func (r *fleetRun) enqueueBacklogs(t *testing.T, queues []string, counts []int) 
 			t.Fatalf("pausing %s: %v", q, err)
 		}
 	}
-	for i, q := range queues {
-		r.enqueue(t, q, q, counts[i])
-	}
+}
+
+// letGo unpauses queues and returns when it began.
+func (r *fleetRun) letGo(t *testing.T, queues ...string) time.Time {
+	t.Helper()
+	inspector := asynq.NewInspector(r.asynqOpt(t))
+	defer inspector.Close()
+	start := time.Now()
 	for _, q := range queues {
 		if err := inspector.UnpauseQueue(q); err != nil {
 			t.Fatalf("unpausing %s: %v", q, err)
 		}
 	}
+	return start
 }
 
 // counter sums a counter over the fleet.

@@ -53,6 +53,7 @@ var sections = []section{
 	{"intake", runIntake},
 	{"rate", runRate},
 	{"backlog", runBacklog},
+	{"plan", runPlan},
 }
 
 // bench is what every section gets: the server, the settings, and a run id

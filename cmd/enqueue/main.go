@@ -7,6 +7,8 @@
 //	enqueue status [--watch] [--json]         queues, gates and live workers
 //	enqueue serve [--listen HOST:PORT]        the HTTP intake: POST /v1/tasks
 //	enqueue limits list|set|reset|history|import   change limits fleet-wide, live, audited
+//	enqueue eta TASK_ID [--queue Q]           when a task is predicted to start
+//	enqueue plan [--file F] [--json]          when each queue will be empty, before enqueueing
 //	enqueue --version
 //	enqueue completion bash|zsh|fish|powershell
 //
@@ -32,6 +34,8 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/cli"
+	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/producer"
 )
 
 // Exit codes.
@@ -77,6 +81,8 @@ func newRootCommand(a *app) *cobra.Command {
 	root.AddCommand(newStatusCommand(a))
 	root.AddCommand(newServeCommand(a))
 	root.AddCommand(newLimitsCommand(a))
+	root.AddCommand(newETACommand(a))
+	root.AddCommand(newPlanCommand(a))
 	return root
 }
 
@@ -91,6 +97,40 @@ func (a *app) loadConfig() (config.File, error) {
 		return f, badInput(err)
 	}
 	return f, nil
+}
+
+// connect reads --config and connects to its Redis, for the commands that
+// read what is there; the caller closes the client.
+func (a *app) connect(cmd *cobra.Command) (config.File, redis.UniversalClient, error) {
+	file, err := a.loadConfig()
+	if err != nil {
+		return file, nil, err
+	}
+	rdb := file.Redis.Client()
+	if err := checkLogin(cmd.Context(), file.Redis, rdb); err != nil {
+		rdb.Close()
+		return file, nil, err
+	}
+	return file, rdb, nil
+}
+
+// inForce is cfg with the limits set live (enqueue limits) that are in
+// force at now merged in: the config the workers run, and whose gates'
+// state a reader must look at.
+func inForce(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config, now time.Time) (jobs.Config, error) {
+	rl, err := jobs.LoadRuntimeLimits(ctx, rdb)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg.WithRuntimeLimits(rl, now), nil
+}
+
+// checkQueueFlag checks the queue --queue names; a bad one is bad input.
+func checkQueueFlag(queue string) error {
+	if err := producer.CheckQueue(queue); err != nil {
+		return badInput(fmt.Errorf("--queue: %w", err))
+	}
+	return nil
 }
 
 // newEnqueueClient connects to Redis as r says, for enqueueing: with a

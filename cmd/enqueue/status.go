@@ -22,11 +22,11 @@ import (
 )
 
 func newStatusCommand(a *app) *cobra.Command {
-	var watch, asJSON bool
-	var keys, key string
+	var watch, asJSON, tasks bool
+	var keys, key, queue string
 	var top int
 	cmd := &cobra.Command{
-		Use:   "status [--watch] [--json] [--keys <gate> [--top N]]",
+		Use:   "status [--watch] [--json] [--keys <gate> [--top N] | --queue Q --tasks [--top N]]",
 		Short: "Show the queues, their gates and the live workers",
 		Long: `Show every queue (those in the config and any other asynq knows) with its
 task counts, its drain and the rate its tasks completed at over the last
@@ -48,13 +48,30 @@ throttled in the last minute (counted in 10s steps), and whether it can admit
 one now. The most throttled first, then the most waiting; --top of them
 (default 20, at most ` + fmt.Sprint(jobs.MaxKeyLoads) + `). It scans the gate's keys in Redis (SCAN).
 --key VALUE shows that key value's row only: a limit with hash_keys keeps
-its values by their hashes (sha256:...), and --key hashes VALUE to find it.`,
+its values by their hashes (sha256:...), and --key hashes VALUE to find it.
+
+--queue Q --tasks lists instead the queue's tasks that wait to start, soonest
+first, each with its predicted start as "enqueue eta" tells it: those a
+worker holds for their turn, those waiting in Redis for their booked turn
+(or to ask again), and the first pending ones; --top of them (default 20, at
+most ` + fmt.Sprint(jobs.MaxTaskETAs) + `).`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 0 {
 				return badInput(fmt.Errorf("status takes no arguments, got %q", args))
 			}
-			if cmd.Flags().Changed("top") && keys == "" {
-				return badInput(fmt.Errorf("--top is for --keys <gate>"))
+			if tasks != (queue != "") {
+				return badInput(fmt.Errorf("--tasks and --queue Q go together"))
+			}
+			if tasks && keys != "" {
+				return badInput(fmt.Errorf("--tasks and --keys show different things: give one"))
+			}
+			if queue != "" {
+				if err := checkQueueFlag(queue); err != nil {
+					return err
+				}
+			}
+			if cmd.Flags().Changed("top") && keys == "" && !tasks {
+				return badInput(fmt.Errorf("--top is for --keys <gate> or --tasks"))
 			}
 			if cmd.Flags().Changed("key") && (keys == "" || cmd.Flags().Changed("top")) {
 				return badInput(fmt.Errorf("--key is for --keys <gate>, without --top"))
@@ -65,6 +82,9 @@ its values by their hashes (sha256:...), and --key hashes VALUE to find it.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if tasks {
+				return a.taskStatus(cmd, queue, top, watch, asJSON)
+			}
 			if keys != "" {
 				return a.keyStatus(cmd, keys, top, cmd.Flags().Changed("key"), key, watch, asJSON)
 			}
@@ -74,7 +94,9 @@ its values by their hashes (sha256:...), and --key hashes VALUE to find it.`,
 	cmd.Flags().BoolVar(&watch, "watch", false, "refresh every second until Ctrl-C")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&keys, "keys", "", "show the busiest keys of this keyed gate (drain:<queue>, quota:<name>, fair:<queue>, concurrency:type:<type>)")
-	cmd.Flags().IntVar(&top, "top", 20, "with --keys: how many keys to show")
+	cmd.Flags().IntVar(&top, "top", 20, "with --keys or --tasks: how many to show")
+	cmd.Flags().StringVar(&queue, "queue", "", "with --tasks: the `queue` whose tasks to list")
+	cmd.Flags().BoolVar(&tasks, "tasks", false, "list a queue's waiting tasks with their predicted starts (with --queue)")
 	cmd.Flags().StringVar(&key, "key", "", "with --keys: show this key value only (hashed to find it where the limit has hash_keys)")
 	return cmd
 }
@@ -211,15 +233,11 @@ func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, one bool, valu
 // watch shows what take reads: once, or once a second with watch until
 // ctx is done (Ctrl-C).
 func (a *app) watch(cmd *cobra.Command, watch, asJSON bool, take func(context.Context, redis.UniversalClient, jobs.Config) (any, error), print func(io.Writer, any) error) error {
-	file, err := a.loadConfig()
+	file, rdb, err := a.connect(cmd)
 	if err != nil {
 		return err
 	}
-	rdb := file.Redis.Client()
 	defer rdb.Close()
-	if err := checkLogin(cmd.Context(), file.Redis, rdb); err != nil {
-		return err
-	}
 	ctx, out := cmd.Context(), cmd.OutOrStdout()
 	show := func(s any) error {
 		if asJSON {

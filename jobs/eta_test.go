@@ -1,0 +1,115 @@
+package jobs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/jobs"
+)
+
+// TestETAStates, with the limits on a server and on a cluster: 12 tasks through a drain of 2/s on one worker that
+// holds none (worker.hold_max 1ns) and books at most 2 s ahead: once the
+// worker has taken them all, those with a turn within 2 s are booked at
+// turns 500 ms apart, the rest ask again (in a second, or at their backlog
+// line's tickets) within 10 s (those that ran are gone); a queue no worker serves has its
+// tasks pending at positions 1, 2, 3, predicted 500 ms apart from now; an
+// id no queue holds is a TaskNotFoundError naming the queues searched.
+func TestETAStates(t *testing.T) {
+	t.Parallel()
+	for name, rdb := range map[string]redis.UniversalClient{"redis": redistest.Client(t), "cluster": redistest.Cluster(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testETAStates(t, rdb)
+		})
+	}
+}
+
+// testETAStates is TestETAStates with the limits on rdb.
+func testETAStates(t *testing.T, rdb redis.UniversalClient) {
+	queue, idle := redistest.Queue(t, "q"), redistest.Queue(t, "idle")
+	drain := &jobs.LimitConfig{Limit: 2, Period: time.Second, Burst: 1}
+	served := jobs.Config{
+		Worker: jobs.WorkerConfig{Concurrency: 10, HoldMax: time.Nanosecond, ReserveMax: 2 * time.Second},
+		Queues: map[string]jobs.QueueConfig{queue: {Drain: drain}},
+	}
+	startWorker(t, rdb, served, jobs.NewMetrics(prometheus.NewRegistry()), &recorder{})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i := range 12 {
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprint("t", i)), asynq.MaxRetry(5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(idle), asynq.TaskID(fmt.Sprint("p", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queues := redistest.Client(t) // asynq's Redis
+	inspector := asynq.NewInspectorFromRedisClient(queues)
+	testkit.WaitFor(t, 5*time.Second, "the worker to take every task", func() bool {
+		info, err := inspector.GetQueueInfo(queue)
+		return err == nil && info.Pending == 0 && info.Active == 0
+	})
+	all := served
+	all.Queues = map[string]jobs.QueueConfig{queue: {Drain: drain}, idle: {Drain: drain}}
+	ctx := context.Background()
+	var booked, asking []jobs.TaskETA
+	for i := range 12 {
+		e, err := jobs.ETA(ctx, rdb, queues, all, "", fmt.Sprint("t", i))
+		if errors.As(err, new(*jobs.TaskNotFoundError)) {
+			continue // it ran
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch e.State {
+		case jobs.TaskBooked:
+			booked = append(booked, e)
+		case jobs.TaskAsksAgain:
+			asking = append(asking, e)
+		default:
+			t.Errorf("task t%d: %+v, want booked, asking again or run", i, e)
+		}
+	}
+	t.Logf("%d booked, %d asking again", len(booked), len(asking))
+	if len(booked) < 2 || len(asking) == 0 {
+		t.Fatalf("%d booked and %d asking again, want both", len(booked), len(asking))
+	}
+	for _, e := range booked {
+		if d := e.At.Sub(booked[0].At); d%(500*time.Millisecond) != 0 || e.At.Sub(e.Now) > 2*time.Second {
+			t.Errorf("task %s booked at %v, %v from the first: want 500 ms steps, within 2 s", e.ID, e.At, d)
+		}
+	}
+	for _, e := range asking {
+		// Refused a turn within 2 s, it asks again in 1 s or more, or at
+		// its backlog line's ticket (the waker may be about to take it).
+		if d := e.At.Sub(e.Now); d < -time.Second || d > 10*time.Second {
+			t.Errorf("task %s asks again in %v, want within 10 s", e.ID, d)
+		}
+	}
+	for i := range 3 {
+		e, err := jobs.ETA(ctx, rdb, queues, all, idle, fmt.Sprint("p", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := e.Now.Add(time.Duration(e.Position-1) * 500 * time.Millisecond)
+		if e.State != jobs.TaskPending || e.Position != i+1 || !e.At.Equal(want) {
+			t.Errorf("task p%d: %+v, want pending at position %d, predicted %v", i, e, i+1, want)
+		}
+	}
+	_, err := jobs.ETA(ctx, rdb, queues, all, "", "nope")
+	var missing *jobs.TaskNotFoundError
+	if !errors.As(err, &missing) || missing.ID != "nope" || len(missing.Queues) < 2 {
+		t.Errorf("ETA of an unknown id: %v, want a TaskNotFoundError naming it and both queues", err)
+	}
+}
