@@ -9,9 +9,11 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/strictjson"
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/producer"
 )
 
 // The admin API changes and shows the fleet's limits live, as enqueue
@@ -21,6 +23,7 @@ import (
 //	PUT    /v1/limits/{gate}           {"limit": 25, "period": "1s", "burst": 5, "algorithm": "...", "key": "...", "for": "5m", "reason": "...", "by": "..."}
 //	DELETE /v1/limits/{gate}?reason=…  [&key=…&by=…]: the file's limit again
 //	GET    /v1/limits/history          [?gate=…&limit=N], newest first
+//	GET    /v1/tasks/{queue}/{id}      when the task will start (as enqueue eta --json)
 //
 // Only with gateway.admin_token_hash set, and only for requests with
 // "Authorization: Bearer <token>": a wrong or missing token is 401,
@@ -39,6 +42,7 @@ func (in *Intake) adminRoutes() {
 	handle("PUT /v1/limits/{gate}", in.setLimit)
 	handle("DELETE /v1/limits/{gate}", in.resetLimit)
 	handle("GET /v1/limits/history", in.limitHistory)
+	handle("GET /v1/tasks/{queue}/{id}", in.taskETA)
 }
 
 // admin lets in a request with the admin token: 404 if none is
@@ -150,6 +154,33 @@ func (in *Intake) limitHistory(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	in.answerJSON(w, http.StatusOK, map[string]any{"events": events})
+}
+
+func (in *Intake) taskETA(w http.ResponseWriter, r *http.Request) {
+	queue, id := r.PathValue("queue"), r.PathValue("id")
+	if err := producer.CheckQueue(queue); err != nil {
+		in.refuse(w, "queue", err)
+		return
+	}
+	if len(id) > producer.MaxTaskID {
+		in.refuse(w, "id", fmt.Errorf("a task id is at most %d bytes, got %d", producer.MaxTaskID, len(id)))
+		return
+	}
+	cfg, err := jobs.InForce(r.Context(), in.rdb, in.rules.Load().jobs, time.Now())
+	if err != nil {
+		in.redisFailed(w, err)
+		return
+	}
+	e, err := jobs.ETA(r.Context(), in.rdb, in.rdb, cfg, queue, id)
+	var missing *jobs.TaskNotFoundError
+	switch {
+	case errors.As(err, &missing):
+		in.answerJSON(w, http.StatusNotFound, map[string]string{"error": err.Error()})
+	case err != nil:
+		in.redisFailed(w, err)
+	default:
+		in.answerJSON(w, http.StatusOK, map[string]any{"task": e, "wait_seconds": e.Wait().Seconds()})
+	}
 }
 
 // changeFailed answers a change's error, if any: 400 naming the field of

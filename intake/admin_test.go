@@ -122,6 +122,18 @@ func TestAdminLimits(t *testing.T) {
 	if code, answer := call(t, srv, "DELETE", "/v1/limits/drain:q?reason=done", token, ""); code != http.StatusOK || answer["reset"] != true {
 		t.Errorf("DELETE: %d %v", code, answer)
 	}
+	producer := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t), DB: 6})
+	defer producer.Close()
+	if _, err := producer.Enqueue(asynq.NewTask("demo:noop", nil), asynq.Queue("q"), asynq.TaskID("t1")); err != nil {
+		t.Fatal(err)
+	}
+	code, answer = call(t, srv, "GET", "/v1/tasks/q/t1", token, "")
+	if task, _ := answer["task"].(map[string]any); code != http.StatusOK || task["id"] != "t1" || task["state"] != "pending" || task["position"] != 1.0 {
+		t.Errorf("GET /v1/tasks/q/t1: %d %v, want t1 pending at position 1", code, answer)
+	}
+	if code, answer := call(t, srv, "GET", "/v1/tasks/q/no-such-task", token, ""); code != http.StatusNotFound || !strings.Contains(fmt.Sprint(answer["error"]), "no-such-task") {
+		t.Errorf("GET /v1/tasks/q/no-such-task: %d %v, want 404 naming it", code, answer)
+	}
 	code, answer = call(t, srv, "GET", "/v1/limits/history?gate=drain:q", token, "")
 	events, _ := answer["events"].([]any)
 	if code != http.StatusOK || len(events) != 2 || events[0].(map[string]any)["action"] != "reset" || events[1].(map[string]any)["by"] != "ops" {
@@ -146,7 +158,7 @@ func TestAdminTokenFailuresBan(t *testing.T) {
 // exist.
 func TestAdminOff(t *testing.T) {
 	srv, _ := adminIntake(t, "")
-	for _, r := range [][2]string{{"GET", "/v1/limits"}, {"PUT", "/v1/limits/drain:q"}, {"DELETE", "/v1/limits/drain:q"}, {"GET", "/v1/limits/history"}} {
+	for _, r := range [][2]string{{"GET", "/v1/limits"}, {"PUT", "/v1/limits/drain:q"}, {"DELETE", "/v1/limits/drain:q"}, {"GET", "/v1/limits/history"}, {"GET", "/v1/tasks/q/x"}} {
 		if code, _ := call(t, srv, r[0], r[1], "anything", `{"limit": 1, "reason": "r"}`); code != http.StatusNotFound {
 			t.Errorf("%s %s with no admin token configured: %d, want 404", r[0], r[1], code)
 		}

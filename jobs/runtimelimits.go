@@ -296,6 +296,16 @@ func nextLapse(rl []RuntimeLimit, now time.Time) time.Time {
 	return next
 }
 
+// InForce is file with the runtime limits in force at now merged in: the
+// config the workers run, and whose gates' state a reader must look at.
+func InForce(ctx context.Context, rdb redis.UniversalClient, file Config, now time.Time) (Config, error) {
+	rl, err := LoadRuntimeLimits(ctx, rdb)
+	if err != nil {
+		return file, err
+	}
+	return file.WithRuntimeLimits(rl, now), nil
+}
+
 // LoadRuntimeLimits reads the overrides kept in Redis, lapsed ones
 // included (WithRuntimeLimits leaves those out), sorted by gate and key.
 func LoadRuntimeLimits(ctx context.Context, rdb redis.UniversalClient) ([]RuntimeLimit, error) {

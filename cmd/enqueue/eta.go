@@ -47,7 +47,7 @@ in local time. An id no queue holds exits 2.`,
 				return err
 			}
 			defer rdb.Close()
-			cfg, err := inForce(cmd.Context(), rdb, file.Jobs, time.Now())
+			cfg, err := jobs.InForce(cmd.Context(), rdb, file.Jobs, time.Now())
 			if err != nil {
 				return redisFailed(fmt.Errorf("eta from %s: %w", redisAt(file.Redis), err))
 			}

@@ -34,7 +34,6 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/cli"
-	"github.com/sluicehq/sluice/jobs"
 	"github.com/sluicehq/sluice/producer"
 )
 
@@ -112,17 +111,6 @@ func (a *app) connect(cmd *cobra.Command) (config.File, redis.UniversalClient, e
 		return file, nil, err
 	}
 	return file, rdb, nil
-}
-
-// inForce is cfg with the limits set live (enqueue limits) that are in
-// force at now merged in: the config the workers run, and whose gates'
-// state a reader must look at.
-func inForce(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config, now time.Time) (jobs.Config, error) {
-	rl, err := jobs.LoadRuntimeLimits(ctx, rdb)
-	if err != nil {
-		return cfg, err
-	}
-	return cfg.WithRuntimeLimits(rl, now), nil
 }
 
 // checkQueueFlag checks the queue --queue names; a bad one is bad input.

@@ -55,7 +55,7 @@ default; --json prints one JSON document.`,
 					return err
 				}
 			}
-			cfg, err := inForce(ctx, rdb, file.Jobs, now)
+			cfg, err := jobs.InForce(ctx, rdb, file.Jobs, now)
 			if err != nil {
 				return redisFailed(fmt.Errorf("plan: the limits set live in %s: %w", redisAt(file.Redis), err))
 			}

@@ -199,11 +199,10 @@ type keyStatus struct {
 func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, one bool, value string, watch, asJSON bool) error {
 	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
 		s := keysSnapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Gate: gate, Keys: []keyStatus{}}
-		rl, err := jobs.LoadRuntimeLimits(ctx, rdb)
+		cfg, err := jobs.InForce(ctx, rdb, cfg, s.Time) // key values set live keep their state apart
 		if err != nil {
 			return s, err
 		}
-		cfg = cfg.WithRuntimeLimits(rl, s.Time) // key values set live keep their state apart
 		var loads []throttle.KeyLoad
 		if one {
 			var l throttle.KeyLoad

@@ -25,7 +25,7 @@ type tasksSnapshot struct {
 func (a *app) taskStatus(cmd *cobra.Command, queue string, top int, watch, asJSON bool) error {
 	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
 		s := tasksSnapshot{Time: time.Now().UTC().Truncate(time.Millisecond), Queue: queue, Tasks: []etaJSON{}}
-		cfg, err := inForce(ctx, rdb, cfg, s.Time)
+		cfg, err := jobs.InForce(ctx, rdb, cfg, s.Time)
 		if err != nil {
 			return s, err
 		}
