@@ -34,11 +34,11 @@ type blockBoard struct {
 	// keys: blocked as in blocked, for values of keyed quotas.
 	keys *keyBlocks
 
-	// The same subscription hears of changes to the runtime limits
-	// (runtimelimits.go): limitsChanged is called on each, and subscribed
-	// each time the board has subscribed (it may have missed some). Either
-	// may be nil.
-	limitsChanged, subscribed func()
+	// The same channel tells of changes to the runtime limits
+	// (runtimelimits.go): onLimits is called on each, and subscribed each
+	// time the board has subscribed (it may have missed some). Either may
+	// be nil.
+	onLimits, subscribed func()
 }
 
 func newBlockBoard(deps fleetDeps) *blockBoard {
@@ -118,7 +118,7 @@ const (
 // until the subscription fails; it returns why. Once subscribed, it calls
 // subscribed.
 func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
-	sub := b.rdb.Subscribe(ctx, blockChannel, limitsChannel)
+	sub := b.rdb.Subscribe(ctx, blockChannel)
 	defer sub.Close()
 	// A read under way does not watch ctx: closing ends it. Once started,
 	// the close is awaited: takeBlocks leaves nothing running.
@@ -157,9 +157,9 @@ func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
 		m, ok := msg.(*redis.Message)
 		switch {
 		case !ok:
-		case m.Channel == limitsChannel:
-			if b.limitsChanged != nil {
-				b.limitsChanged()
+		case m.Payload == limitsChangedNotice:
+			if b.onLimits != nil {
+				b.onLimits()
 			}
 		default:
 			b.takeBlock(m.Payload)

@@ -15,7 +15,11 @@ import (
 // gives throttle.
 
 // blockChannel carries "<quota> <µs>" (and keyed blocks) to every worker
-// when an upstream said "not now" (blocks.go).
+// when an upstream said "not now" (blocks.go), and limitsChangedNotice when an
+// operator changed a limit live (runtimelimits.go): one subscription a
+// worker for both. (Its subscription to two channels at once came back
+// after a cluster failover without reading back the blocks stored
+// meanwhile in 3 of 8 runs of TestBlocksAfterFailover.)
 const blockChannel = "sluice:blocked"
 
 // limitPrefix is the prefix of a drain's or quota's state: kind ("drain",

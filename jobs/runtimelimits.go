@@ -31,9 +31,10 @@ const (
 	// limitsVersionKey counts the changes: a worker that missed a message
 	// sees it change within limitsReread.
 	limitsVersionKey = "sluice:{limits}:version"
-	// limitsChannel is published to after every change; workers hear it on
-	// the block board's subscription (blocks.go).
-	limitsChannel = "sluice:limits"
+	// limitsChangedNotice is published on blockChannel after every change:
+	// workers hear it on the block board's subscription (blocks.go). No
+	// block's announcement reads so: those have a space.
+	limitsChangedNotice = "limits-changed"
 )
 
 // Bounds on what operators keep in Redis.
@@ -535,7 +536,7 @@ func (w *limitsWrite) do(ctx context.Context, rdb redis.UniversalClient) error {
 	if err != nil {
 		return fmt.Errorf("jobs: writing the runtime limits (nothing was changed): %w", err)
 	}
-	if err := rdb.Publish(ctx, limitsChannel, "changed").Err(); err != nil {
+	if err := rdb.Publish(ctx, blockChannel, limitsChangedNotice).Err(); err != nil {
 		// Written, but not announced: workers read the overrides again
 		// when they next subscribe, and every limitsReread.
 		return fmt.Errorf("jobs: the change is written, but telling the workers failed (they read it within %v): %w", limitsReread, err)

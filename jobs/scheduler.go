@@ -116,7 +116,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
 	s.rates = &rateRecorder{fleetDeps: deps}
 	s.limits = newLimitsWatch(deps, s.applyRuntime)
-	s.board.subscribed, s.board.limitsChanged = s.limits.poke, s.limits.poke
+	s.board.subscribed, s.board.onLimits = s.limits.poke, s.limits.poke
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
