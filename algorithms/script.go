@@ -219,7 +219,17 @@ func (op *Op) lean() bool {
 	return c.GiveBack == "" && c.ID == "" && c.RecentKey == "" && c.Replaces == nil && c.Member == ""
 }
 
+// bucket tells whether op's one claim is a bucket's, whose lean script
+// takes other KEYS and ARGV (lua/allow_bucket.lua).
+func (op *Op) bucket() bool {
+	a := op.Claims[0].Algorithm
+	return a == TokenBucket || a == LeakyBucket
+}
+
 func (op *Op) leanKeys() []string {
+	if op.bucket() {
+		return []string{op.Claims[0].Key}
+	}
 	return []string{op.Claims[0].Key, op.Claims[0].Aux}
 }
 
@@ -230,7 +240,20 @@ func (op *Op) leanArgs() []any {
 	}
 	c := op.Claims[0]
 	p := c.Params
+	if op.bucket() {
+		// The bucket's units, reduced here rather than in Lua on every call.
+		g := gcd(p.Limit, p.Period)
+		return []any{clock, p.Limit / g, p.Period / g, p.Burst, c.N, op.NotBefore, op.MaxWait, op.Slack}
+	}
 	return []any{clock, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, op.NotBefore, op.MaxWait, op.Slack}
+}
+
+// leanFunction is the function of op's lean script in the library.
+func (s *Script) leanFunction(op *Op) string {
+	if op.bucket() {
+		return s.function + "_bucket"
+	}
+	return s.function + "_allow"
 }
 
 // finish sets op's outcome from the script's reply.
@@ -413,7 +436,7 @@ func send(ctx context.Context, rdb redis.UniversalClient, ops []*Op, call func(c
 
 func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
-		return command(ctx, "fcall", s.function+"_allow", op.leanKeys(), op.leanArgs())
+		return command(ctx, "fcall", s.leanFunction(op), op.leanKeys(), op.leanArgs())
 	}
 	return command(ctx, "fcall", s.function, op.keys(), op.args())
 }

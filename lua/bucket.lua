@@ -8,9 +8,12 @@
 -- Time is counted in units of 1/(limit/g) µs, g = gcd(limit, period), from
 -- the instant ref; a span [s, e) is busy server time in those units.
 --
--- state -> string "ref b count last [s e]": ref (µs), µs until which the key
---          is blocked (0: not), how many spans there are, where the last one
---          ends, and the span itself when there is one
+-- state -> string "ref s e" for the state most calls find: one span [s, e)
+--          and no block (what bucket_quick reads and writes); otherwise
+--          "ref b count last [s e]": ref (µs), µs until which the key is
+--          blocked (0: not), how many spans there are, where the last one
+--          ends, and the span itself when there is one (every state before
+--          "ref s e" was, which new_bucket still reads)
 -- aux   -> sorted set of the spans when there are two or more: member
 --          "s e", score s
 
@@ -25,9 +28,16 @@ local function new_bucket(key, spans_key, p)
   local state = redis.call('GET', key)
   if state then
     -- One match, not nums' gmatch: this parse is on every call's way.
-    local r, b, c, l, s, e = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
-    ref, self.blocked, count, last = tonumber(r), tonumber(b), tonumber(c), tonumber(l)
-    if count == 1 then inline = {tonumber(s), tonumber(e)} end
+    local r, s, e = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+    if r then
+      ref, count, inline = tonumber(r), 1, {tonumber(s), tonumber(e)}
+      last = inline[2]
+    else
+      local b, c, l
+      r, b, c, l, s, e = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
+      ref, self.blocked, count, last = tonumber(r), tonumber(b), tonumber(c), tonumber(l)
+      if count == 1 then inline = {tonumber(s), tonumber(e)} end
+    end
   end
 
   local function member(s) return string.format('%d %d', s[1], s[2]) end
@@ -329,7 +339,9 @@ local function new_bucket(key, spans_key, p)
   -- turn then costs no write.
   function self.save(ttl)
     local s
-    if count == 1 then
+    if count == 1 and self.blocked == 0 and last == inline[2] then
+      s = string.format('%d %d %d', ref, inline[1], inline[2])
+    elseif count == 1 then
       s = string.format('%d %d 1 %d %d %d', ref, self.blocked, last, inline[1], inline[2])
     else
       s = string.format('%d %d %d %d', ref, self.blocked, count, last)
@@ -342,81 +354,68 @@ local function new_bucket(key, spans_key, p)
   return self
 end
 
--- bucket_allow is allow.lua's decision (key, p, now, start, max_wait, slack as
--- it names them) for a bucket of at most one span that starts by the
--- instant booked: new_bucket's trim, earliest, record, room, reset_after
--- and save for that state, without building a bucket of closures. It
+-- bucket_quick is allow_bucket.lua's decision (key, now, per_micro,
+-- per_event, window, need in units, start, max_wait, slack) for the states
+-- most calls find, "ref s e" or none, booked at the end of the one span or
+-- where there is none: new_bucket's trim, earliest, record, room,
+-- reset_after and save for that state, without a bucket of closures. It
 -- returns nil, having written nothing, for any other state (new_bucket
 -- decides then).
-local function bucket_allow(key, _, p, now, start, max_wait, slack)
-  local g = gcd(p.limit, p.period)
-  local per_micro, per_event = p.limit / g, p.period / g
-  local window, need = p.burst * per_event, p.n * per_event
-  local ref, blocked, count, last, s, e = 0, 0, 0, 0, 0, 0
+local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack)
+  local ref, s, e, count = now, 0, 0, 0
   local state = redis.call('GET', key)
   if state then
-    local r, b, c, l, s1, e1 = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
-    count = tonumber(c)
-    if count > 1 then return nil end
-    ref, blocked, last = tonumber(r), tonumber(b), tonumber(l)
-    if count == 1 then s, e = tonumber(s1), tonumber(e1) end
-  end
-  -- trim
-  local x = (now - ref) * per_micro
-  if count > 0 and last <= x then count, last = 0, 0 end
-  if count == 0 then
-    ref = now
-  elseif x > REBASE_AFTER then
-    return nil
-  end
-
-  local function busy_in(from, to)
-    if count == 0 then return 0 end
-    return math.max(0, math.min(e, to) - math.max(s, from))
-  end
-  local function room(t)
-    local y = (t - ref) * per_micro
-    return floordiv(window - busy_in(y, y + window), per_event)
-  end
-  local function reset_after(t)
-    if count == 0 then return 0 end
-    return math.max(0, ceildiv(last - (t - ref) * per_micro, per_micro))
-  end
-  local function save()
-    local life = math.max(reset_after(now), blocked - now, 0)
-    local ttl = math.max(1, ceildiv(life + slack, 1000))
-    local out
-    if count == 1 then
-      out = string.format('%d %d 1 %d %d %d', ref, blocked, last, s, e)
-    else
-      out = string.format('%d %d %d %d', ref, blocked, count, last)
+    local r, s1, e1 = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+    if not r then return nil end
+    ref, s, e, count = r + 0, s1 + 0, e1 + 0, 1
+    -- trim
+    local x = (now - ref) * per_micro
+    if e <= x then
+      ref, s, e, count = now, 0, 0, 0
+    elseif x > REBASE_AFTER then
+      return nil
     end
-    if out ~= state then redis.call('SET', key, out, 'PX', ttl) end
   end
 
-  local from = math.max(start, blocked)
-  local at = from
-  if from - now <= max_wait then
-    local a = (from - ref) * per_micro
-    if window - busy_in(a, a + window) < need then
+  local at = start
+  local busy = 0
+  if count == 1 then
+    local a = (start - ref) * per_micro
+    busy = math.max(0, math.min(e, a + window) - math.max(s, a))
+    if start - now <= max_wait and window - busy < need then
       at = ref + math.max(a, ceildiv(e - window + need, per_micro) * per_micro) / per_micro
     end
   end
   if at - now > max_wait then
-    local left = 0
-    if from == now then left = room(now) end
-    local reply = {0, now, at, left, at - now, math.max(from - now, reset_after(now)), ''}
-    save()
-    return reply
+    -- Nothing recorded: the state is written only if trimming emptied it.
+    local left, reset = 0, 0
+    if count == 1 then
+      reset = math.max(0, ceildiv(e - (now - ref) * per_micro, per_micro))
+      if start == now then left = floordiv(window - busy, per_event) end
+    elseif start == now then
+      left = floordiv(window, per_event)
+    end
+    if count == 0 and state then
+      redis.call('SET', key, string.format('%d 0 0 0', ref), 'PX', string.format('%d', math.max(1, ceildiv(slack, 1000))))
+    end
+    return {0, now, at, left, at - now, math.max(start - now, reset), ''}
   end
   local y = (at - ref) * per_micro
-  if count == 1 and (y < s or y > e) then return nil end
-  local s0, e0 = y, y
-  if count == 1 then s0, e0 = s, e end
-  s, e, count = s0, e0 + need, 1
-  if e > last then last = e end
-  local pieces = string.format('%d %d %d', ref, e0, e)
-  local reply = {1, now, at, room(at), 0, at - now + reset_after(at), pieces}
-  save()
-  return reply
+  local e0 = y
+  if count == 1 then
+    if y < s or y > e then return nil end
+    e0 = e
+  else
+    s = y
+  end
+  e = e0 + need
+  -- room and reset_after at at, and the life of the state from now
+  local z = y + window
+  if z > e then z = e end
+  local taken = z - math.max(s, y)
+  if taken < 0 then taken = 0 end
+  local reset = ceildiv(e - y, per_micro)
+  local life = ceildiv(e - (now - ref) * per_micro, per_micro)
+  redis.call('SET', key, string.format('%d %d %d', ref, s, e), 'PX', string.format('%d', math.max(1, ceildiv(life + slack, 1000))))
+  return {1, now, at, floordiv(window - taken, per_event), 0, at - now + reset, string.format('%d %d %d', ref, e0, e)}
 end

@@ -36,17 +36,18 @@ var Book = join(append(bookParts, "book.lua")...)
 // them as locals, set by each call.
 //
 // Its second function, name + "_allow", runs Allow's script of the
-// algorithm its ARGV[2] names.
+// windowed algorithm its ARGV[2] names; its third, name + "_bucket",
+// Allow's script of the buckets.
 func BookLibrary(name string) string {
-	return "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) +
+	return "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) + join("allow_limit.lua") +
 		"local function book()\n" + join("book.lua") + "end\n" +
 		"local function allow(new_limit, fast_limit)\n" + join("allow.lua") + "end\n" +
-		"local allow_constructors = {fixed_window = new_counter, sliding_counter = new_counter,\n" +
-		"  sliding_log = new_sliding_log, token_bucket = new_bucket, leaky_bucket = new_bucket}\n" +
-		"local allow_fast = {token_bucket = bucket_allow, leaky_bucket = bucket_allow,\n" +
-		"  fixed_window = counter_allow, sliding_counter = counter_allow, sliding_log = sliding_log_allow}\n" +
+		"local function allow_bucket()\n" + join("allow_bucket.lua") + "end\n" +
+		"local allow_constructors = {fixed_window = new_counter, sliding_counter = new_counter, sliding_log = new_sliding_log}\n" +
+		"local allow_fast = {fixed_window = counter_allow, sliding_counter = counter_allow, sliding_log = sliding_log_allow}\n" +
 		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
-		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n"
+		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n" +
+		"redis.register_function('" + name + "_bucket', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow_bucket()\nend)\n"
 }
 
 // Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
@@ -66,12 +67,16 @@ var Allow = map[string]string{
 	"fixed_window":    allowOf("new_counter", "counter_allow", "counter.lua"),
 	"sliding_counter": allowOf("new_counter", "counter_allow", "counter.lua"),
 	"sliding_log":     allowOf("new_sliding_log", "sliding_log_allow", "sliding_log.lua"),
-	"token_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
-	"leaky_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
+	"token_bucket":    allowBucket,
+	"leaky_bucket":    allowBucket,
 }
 
+// allowBucket is the buckets' Allow (see allow_bucket.lua): its KEYS and
+// ARGV are not allow.lua's.
+var allowBucket = join("common.lua", "bucket.lua", "allow_limit.lua", "allow_bucket.lua")
+
 func allowOf(constructor, fast, file string) string {
-	return join("common.lua", file) + "local new_limit, fast_limit = " + constructor + ", " + fast + "\n" + join("allow.lua")
+	return join("common.lua", file, "allow_limit.lua") + "local new_limit, fast_limit = " + constructor + ", " + fast + "\n" + join("allow.lua")
 }
 
 func join(names ...string) string {
