@@ -241,9 +241,20 @@ func (op *Op) leanArgs() []any {
 	c := op.Claims[0]
 	p := c.Params
 	if op.bucket() {
-		// The bucket's units, reduced here rather than in Lua on every call.
+		// The bucket's units, reduced here rather than in Lua on every
+		// call, burst and n in them; the last four left out where they are
+		// 0, or 1 for limit/g (as AllowN's are on Redis's clock): fewer
+		// arguments to pass and read (lua/allow_bucket.lua).
 		g := gcd(p.Limit, p.Period)
-		return []any{clock, p.Limit / g, p.Period / g, p.Burst, c.N, op.NotBefore, op.MaxWait, op.Slack}
+		perEvent := p.Period / g
+		args := []any{clock, perEvent, p.Burst * perEvent, c.N * perEvent, op.Slack, op.MaxWait, op.NotBefore, p.Limit / g}
+		if args[7] == int64(1) {
+			args = args[:7]
+		}
+		for len(args) > 4 && args[len(args)-1] == int64(0) {
+			args = args[:len(args)-1]
+		}
+		return args
 	}
 	return []any{clock, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, op.NotBefore, op.MaxWait, op.Slack}
 }
@@ -262,6 +273,21 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	if err != nil {
 		op.Err = err
 		return
+	}
+	if len(reply) == 8 && len(op.Claims) == 1 {
+		// allow_bucket's booking (lua/bucket.lua's bucket_quick): no
+		// retry_after (0), and its pieces, "ref from to", as three
+		// integers, formatted here rather than by the server.
+		var ends [3]int64
+		for i := range ends {
+			n, ok := reply[5+i].(int64)
+			if !ok {
+				op.Err = fmt.Errorf("algorithms: bucket script replied %v for a piece, want an integer", reply[5+i])
+				return
+			}
+			ends[i] = n
+		}
+		reply = []any{reply[0], reply[1], reply[2], reply[3], int64(0), reply[4], joinInts(ends[:]...)}
 	}
 	if len(reply) != 3+4*len(op.Claims) {
 		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), len(op.Claims), 3+4*len(op.Claims))

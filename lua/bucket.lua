@@ -355,23 +355,29 @@ local function new_bucket(key, spans_key, p)
 end
 
 -- bucket_quick is allow_bucket.lua's decision (key, now, per_micro,
--- per_event, window, need in units, start, max_wait, slack) for the states
+-- per_event, window, need in units, start, max_wait, slack; now and need
+-- as the call's text, or '') for the states
 -- most calls find, "ref s e" or none, booked at the end of the one span or
 -- where there is none: new_bucket's trim, earliest, record, room,
 -- reset_after and save for that state, without a bucket of closures. It
 -- returns nil, having written nothing, for any other state (new_bucket
--- decides then).
-local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack)
+-- decides then). A booking's reply is {1, now, at, remaining,
+-- reset_after, ref, from, to}: no retry_after (0), and its pieces as three
+-- integers, "ref from to", which algorithms formats: formatting numbers
+-- costs the server more than the rest of the decision.
+local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack, now_text, need_text)
   local ref, s, e, count = now, 0, 0, 0
   local state = redis.call('GET', key)
+  local head -- "ref s ", kept as read: the span grows at its end only
   if state then
-    local r, s1, e1 = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+    local r, s1, e1
+    head, r, s1, e1 = string.match(state, '^((%-?%d+) (%-?%d+) )(%-?%d+)$')
     if not r then return nil end
     ref, s, e, count = r + 0, s1 + 0, e1 + 0, 1
     -- trim
     local x = (now - ref) * per_micro
     if e <= x then
-      ref, s, e, count = now, 0, 0, 0
+      ref, s, e, count, head = now, 0, 0, 0, nil
     elseif x > REBASE_AFTER then
       return nil
     end
@@ -381,7 +387,10 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   local busy = 0
   if count == 1 then
     local a = (start - ref) * per_micro
-    busy = math.max(0, math.min(e, a + window) - math.max(s, a))
+    local b0, b1 = s, e
+    if a > b0 then b0 = a end
+    if a + window < b1 then b1 = a + window end
+    if b1 > b0 then busy = b1 - b0 end
     if start - now <= max_wait and window - busy < need then
       at = ref + math.max(a, ceildiv(e - window + need, per_micro) * per_micro) / per_micro
     end
@@ -412,10 +421,18 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   -- room and reset_after at at, and the life of the state from now
   local z = y + window
   if z > e then z = e end
-  local taken = z - math.max(s, y)
+  local taken = z - s
+  if y > s then taken = z - y end
   if taken < 0 then taken = 0 end
   local reset = ceildiv(e - y, per_micro)
-  local life = ceildiv(e - (now - ref) * per_micro, per_micro)
-  redis.call('SET', key, string.format('%d %d %d', ref, s, e), 'PX', string.format('%d', math.max(1, ceildiv(life + slack, 1000))))
-  return {1, now, at, floordiv(window - taken, per_event), 0, at - now + reset, string.format('%d %d %d', ref, e0, e)}
+  -- At least 1 ms: e is past now.
+  local ttl = string.format('%d', ceildiv(ceildiv(e - (now - ref) * per_micro, per_micro) + slack, 1000))
+  if head then
+    redis.call('SET', key, head .. string.format('%d', e), 'PX', ttl)
+  elseif s == 0 and now_text ~= '' then -- ref is now, e is need
+    redis.call('SET', key, now_text .. ' 0 ' .. need_text, 'PX', ttl)
+  else
+    redis.call('SET', key, string.format('%d %d %d', ref, s, e), 'PX', ttl)
+  end
+  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0, e}
 end

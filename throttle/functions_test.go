@@ -10,6 +10,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
@@ -58,6 +59,74 @@ func TestCounterStateOfEarlierVersions(t *testing.T) {
 				t.Fatalf("%d states with counts rewritten, %d calls denied: the timeline tests too little", rewrites, denied)
 			}
 		})
+	}
+}
+
+// A bucket's state as versions before the lean bucket script wrote it,
+// "ref blocked count last s e", is read as the one written now, "ref s e":
+// the same decisions, call for call, on the FCALL and the EVALSHA paths, as
+// a limit whose state was never rewritten.
+func TestBucketStateOfEarlierVersions(t *testing.T) {
+	ctx := context.Background()
+	functions, scripts := redistest.Client(t), redistest.Client(t)
+	algorithms.BookScript.ScriptsOnly(scripts)
+	for _, rdb := range []*redis.Client{functions, scripts} {
+		for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket} {
+			t.Run(string(a), func(t *testing.T) {
+				spec := throttle.Spec{Algorithm: a, Limit: 5, Period: time.Second, Burst: 3}
+				clock := testkit.NewClock(t0)
+				prefix := redistest.Prefix(t)
+				rewritten, fresh := newOn(t, rdb, spec, clock, prefix+"rewritten:"), newOn(t, rdb, spec, clock, prefix+"fresh:")
+				var rewrites, denied int
+				for i := range 60 {
+					clock.Set(t0.Add(time.Duration(i) * 130 * time.Millisecond))
+					keys, err := rdb.Keys(ctx, prefix+"rewritten:*").Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, k := range keys {
+						state, err := rdb.Get(ctx, k).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						v := strings.Fields(state)
+						if len(v) != 3 {
+							continue // a state the lean script does not write
+						}
+						old := fmt.Sprintf("%s 0 1 %s %s %s", v[0], v[2], v[1], v[2])
+						if err := rdb.SetArgs(ctx, k, old, redis.SetArgs{KeepTTL: true}).Err(); err != nil {
+							t.Fatal(err)
+						}
+						rewrites++
+					}
+					n := 1 + i%2
+					if i%5 == 4 {
+						got, err := rewritten.ReserveN(ctx, "k", n, 300*time.Millisecond)
+						if err != nil {
+							t.Fatal(err)
+						}
+						want, err := fresh.ReserveN(ctx, "k", n, 300*time.Millisecond)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if got != want {
+							t.Fatalf("call %d at +%v: ReserveN %+v on the state rewritten as before, %+v on the one as written", i, clock.Now().Sub(t0), got, want)
+						}
+						continue
+					}
+					got, want := allow(t, rewritten, "k", n), allow(t, fresh, "k", n)
+					if got != want {
+						t.Fatalf("call %d at +%v: %+v on the state rewritten as before, %+v on the one as written", i, clock.Now().Sub(t0), got, want)
+					}
+					if !got.Allowed {
+						denied++
+					}
+				}
+				if rewrites < 20 || denied == 0 {
+					t.Fatalf("%d states rewritten, %d calls denied: the timeline tests too little", rewrites, denied)
+				}
+			})
+		}
 	}
 }
 
