@@ -247,7 +247,7 @@ func (op *Op) leanArgs() []any {
 		// arguments to pass and read (lua/allow_bucket.lua).
 		g := gcd(p.Limit, p.Period)
 		perEvent := p.Period / g
-		args := []any{clock, perEvent, p.Burst * perEvent, c.N * perEvent, op.Slack, op.MaxWait, op.NotBefore, p.Limit / g}
+		args := []any{clock, perEvent, p.Burst * perEvent, c.N * perEvent, op.Slack, op.MaxWait, op.notBefore(), p.Limit / g}
 		if args[7] == int64(1) {
 			args = args[:7]
 		}
@@ -257,6 +257,69 @@ func (op *Op) leanArgs() []any {
 		return args
 	}
 	return []any{clock, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, op.NotBefore, op.MaxWait, op.Slack}
+}
+
+// bookBuckets tells whether op is a book on two buckets and
+// nothing else asked (no ID, nothing to give back, no replaced limit, no
+// recent throttles, no fair share, no remind, not exact): a drain's and a
+// quota's booking, which the library's book_buckets function decides
+// (lua/book_buckets.lua).
+func (op *Op) bookBuckets() bool {
+	if op.Name != OpBook || len(op.Claims) != 2 || op.Exact || op.Ahead > 0 || op.Remind != nil {
+		return false
+	}
+	for _, c := range op.Claims {
+		if c.Algorithm != TokenBucket && c.Algorithm != LeakyBucket ||
+			c.GiveBack != "" || c.ID != "" || c.RecentKey != "" || c.Replaces != nil || c.Member != "" {
+			return false
+		}
+	}
+	return true
+}
+
+func (op *Op) bookBucketsKeys() []string {
+	keys := make([]string, len(op.Claims))
+	for i, c := range op.Claims {
+		keys[i] = c.Key
+	}
+	return keys
+}
+
+func (op *Op) bookBucketsArgs() []any {
+	clock := ""
+	if op.Now != Now {
+		clock = strconv.FormatInt(op.Now, 10)
+	}
+	args := make([]any, 0, 12)
+	args = append(args, clock)
+	var perMicro [2]int64
+	for i, c := range op.Claims {
+		p := c.Params
+		g := gcd(p.Limit, p.Period)
+		perEvent := p.Period / g
+		args = append(args, perEvent, p.Burst*perEvent, c.N*perEvent)
+		perMicro[i] = p.Limit / g
+	}
+	// As leanArgs: the last five left out where they are 0, or 1 for
+	// limit/g (lua/book_buckets.lua).
+	args = append(args, op.Slack, op.MaxWait, op.notBefore())
+	if perMicro != [2]int64{1, 1} {
+		return append(args, perMicro[0], perMicro[1])
+	}
+	for len(args) > 7 && args[len(args)-1] == int64(0) {
+		args = args[:len(args)-1]
+	}
+	return args
+}
+
+// notBefore is op.NotBefore for the lean scripts, which book from the
+// later of it and now: 0 where now is given and not before it, one
+// argument fewer.
+func (op *Op) notBefore() int64 {
+	if op.Now != Now && op.NotBefore <= op.Now {
+		return 0
+	}
+	return op.NotBefore
 }
 
 // leanFunction is the function of op's lean script in the library.
@@ -288,6 +351,26 @@ func (op *Op) finish(cmd *redis.Cmd) {
 			ends[i] = n
 		}
 		reply = []any{reply[0], reply[1], reply[2], reply[3], int64(0), reply[4], joinInts(ends[:]...)}
+	}
+	if k := len(op.Claims); k >= 2 && len(reply) == 3+5*k {
+		// book_buckets' booking: no retry_after (0), and each claim's
+		// pieces, "ref from to", as three integers, formatted here rather
+		// than by the server.
+		out := append(make([]any, 0, 3+4*k), reply[:3]...)
+		for i := range k {
+			v := reply[3+5*i : 3+5*(i+1)]
+			var ends [3]int64
+			for j := range ends {
+				n, ok := v[2+j].(int64)
+				if !ok {
+					op.Err = fmt.Errorf("algorithms: book script replied %v for a piece, want an integer", v[2+j])
+					return
+				}
+				ends[j] = n
+			}
+			out = append(out, v[0], int64(0), v[1], joinInts(ends[:]...))
+		}
+		reply = out
 	}
 	if len(reply) != 3+4*len(op.Claims) {
 		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), len(op.Claims), 3+4*len(op.Claims))
@@ -463,6 +546,9 @@ func send(ctx context.Context, rdb redis.UniversalClient, ops []*Op, call func(c
 func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
 		return command(ctx, "fcall", s.leanFunction(op), op.leanKeys(), op.leanArgs())
+	}
+	if s.allow != nil && op.bookBuckets() {
+		return command(ctx, "fcall", s.function+"_book_buckets", op.bookBucketsKeys(), op.bookBucketsArgs())
 	}
 	return command(ctx, "fcall", s.function, op.keys(), op.args())
 }

@@ -354,37 +354,98 @@ local function new_bucket(key, spans_key, p)
   return self
 end
 
+-- The steps of the quick decisions (bucket_quick, and book_buckets.lua's
+-- on several buckets), on the states most calls find: "ref s e" or none,
+-- read as ref, s, e, count (0 or 1), without a bucket of closures.
+
+-- bucket_read returns key's state trimmed at now as ref, s, e, count,
+-- head ("ref s " as read: a span grows at its end only, so it is written
+-- again as it came) and the state as read; nil for any other state (or
+-- one to rebase), which new_bucket reads.
+local function bucket_read(key, now, per_micro)
+  local state = redis.call('GET', key)
+  if not state then return now, 0, 0, 0, nil, nil end
+  local head, r, s, e = string.match(state, '^((%-?%d+) (%-?%d+) )(%-?%d+)$')
+  if not r then return nil end
+  local ref = r + 0
+  local x = (now - ref) * per_micro
+  e = e + 0
+  if e <= x then return now, 0, 0, 0, nil, state end
+  if x > REBASE_AFTER then return nil end
+  return ref, s + 0, e, 1, head, state
+end
+
+-- bucket_earliest is new_bucket's earliest(from) on a quick state.
+local function bucket_earliest(ref, s, e, count, per_micro, window, need, from)
+  if count == 0 then return from end
+  local a = (from - ref) * per_micro
+  local b0, b1 = s, e
+  if a > b0 then b0 = a end
+  if a + window < b1 then b1 = a + window end
+  if b1 <= b0 or window - b1 + b0 >= need then return from end
+  return ref + math.max(a, ceildiv(e - window + need, per_micro) * per_micro) / per_micro
+end
+
+-- bucket_room is new_bucket's room(t) on a quick state.
+local function bucket_room(ref, s, e, count, per_micro, per_event, window, t)
+  if count == 0 then return floordiv(window, per_event) end
+  local y = (t - ref) * per_micro
+  local b0, b1 = s, e
+  if y > b0 then b0 = y end
+  if y + window < b1 then b1 = y + window end
+  if b1 <= b0 then return floordiv(window, per_event) end
+  return floordiv(window - b1 + b0, per_event)
+end
+
+-- bucket_reset is new_bucket's reset_after(t) on a quick state.
+local function bucket_reset(ref, e, count, per_micro, t)
+  if count == 0 then return 0 end
+  return math.max(0, ceildiv(e - (t - ref) * per_micro, per_micro))
+end
+
+-- bucket_trimmed writes a state that trimming emptied (as new_bucket's
+-- save would), when nothing is recorded on it.
+local function bucket_trimmed(key, ref, count, state, slack)
+  if count == 0 and state then
+    redis.call('SET', key, string.format('%d 0 0 0', ref), 'PX', string.format('%d', math.max(1, ceildiv(slack, 1000))))
+  end
+end
+
+-- bucket_write records need units at y (in the span, or where there is
+-- none: the caller checks) and writes the state; it returns the new span's
+-- s and e. now_text and need_text are now and need as the call's text
+-- ('' if not): the state of an empty bucket booked at now is written from
+-- them.
+local function bucket_write(key, ref, s, e, count, head, per_micro, need, y, now, slack, now_text, need_text)
+  if count == 0 then s, e = y, y end
+  e = e + need
+  -- At least 1 ms: e is past now.
+  local ttl = string.format('%d', ceildiv(ceildiv(e - (now - ref) * per_micro, per_micro) + slack, 1000))
+  if head then
+    redis.call('SET', key, head .. string.format('%d', e), 'PX', ttl)
+  elseif s == 0 and now_text ~= '' and need_text ~= '' then -- ref is now, e is need
+    redis.call('SET', key, now_text .. ' 0 ' .. need_text, 'PX', ttl)
+  else
+    redis.call('SET', key, string.format('%d %d %d', ref, s, e), 'PX', ttl)
+  end
+  return s, e
+end
+
 -- bucket_quick is allow_bucket.lua's decision (key, now, per_micro,
 -- per_event, window, need in units, start, max_wait, slack; now and need
--- as the call's text, or '') for the states
--- most calls find, "ref s e" or none, booked at the end of the one span or
--- where there is none: new_bucket's trim, earliest, record, room,
--- reset_after and save for that state, without a bucket of closures. It
--- returns nil, having written nothing, for any other state (new_bucket
--- decides then). A booking's reply is {1, now, at, remaining,
--- reset_after, ref, from, to}: no retry_after (0), and its pieces as three
--- integers, "ref from to", which algorithms formats: formatting numbers
--- costs the server more than the rest of the decision.
+-- as the call's text) for the quick states, booked at the end of the one
+-- span or where there is none: new_bucket's trim, earliest, record, room,
+-- reset_after and save for those. It returns nil, having written nothing,
+-- for any other state (new_bucket decides then). A booking's reply is {1,
+-- now, at, remaining, reset_after, ref, from, to}: no retry_after (0), and
+-- its pieces as three integers, "ref from to", which algorithms formats:
+-- formatting numbers costs the server more than the rest of the decision.
 local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack, now_text, need_text)
-  local ref, s, e, count = now, 0, 0, 0
-  local state = redis.call('GET', key)
-  local head -- "ref s ", kept as read: the span grows at its end only
-  if state then
-    local r, s1, e1
-    head, r, s1, e1 = string.match(state, '^((%-?%d+) (%-?%d+) )(%-?%d+)$')
-    if not r then return nil end
-    ref, s, e, count = r + 0, s1 + 0, e1 + 0, 1
-    -- trim
-    local x = (now - ref) * per_micro
-    if e <= x then
-      ref, s, e, count, head = now, 0, 0, 0, nil
-    elseif x > REBASE_AFTER then
-      return nil
-    end
-  end
-
-  local at = start
-  local busy = 0
+  local ref, s, e, count, head, state = bucket_read(key, now, per_micro)
+  if not ref then return nil end
+  -- bucket_earliest, bucket_room and bucket_write inline: each call of a
+  -- function of this many arguments costs about 3% of the decision.
+  local at, busy = start, 0
   if count == 1 then
     local a = (start - ref) * per_micro
     local b0, b1 = s, e
@@ -396,18 +457,10 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
     end
   end
   if at - now > max_wait then
-    -- Nothing recorded: the state is written only if trimming emptied it.
-    local left, reset = 0, 0
-    if count == 1 then
-      reset = math.max(0, ceildiv(e - (now - ref) * per_micro, per_micro))
-      if start == now then left = floordiv(window - busy, per_event) end
-    elseif start == now then
-      left = floordiv(window, per_event)
-    end
-    if count == 0 and state then
-      redis.call('SET', key, string.format('%d 0 0 0', ref), 'PX', string.format('%d', math.max(1, ceildiv(slack, 1000))))
-    end
-    return {0, now, at, left, at - now, math.max(start - now, reset), ''}
+    local left = 0
+    if start == now then left = floordiv(window - busy, per_event) end
+    bucket_trimmed(key, ref, count, state, slack)
+    return {0, now, at, left, at - now, math.max(start - now, bucket_reset(ref, e, count, per_micro, now)), ''}
   end
   local y = (at - ref) * per_micro
   local e0 = y
@@ -418,13 +471,11 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
     s = y
   end
   e = e0 + need
-  -- room and reset_after at at, and the life of the state from now
   local z = y + window
   if z > e then z = e end
   local taken = z - s
   if y > s then taken = z - y end
   if taken < 0 then taken = 0 end
-  local reset = ceildiv(e - y, per_micro)
   -- At least 1 ms: e is past now.
   local ttl = string.format('%d', ceildiv(ceildiv(e - (now - ref) * per_micro, per_micro) + slack, 1000))
   if head then
@@ -434,5 +485,5 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   else
     redis.call('SET', key, string.format('%d %d %d', ref, s, e), 'PX', ttl)
   end
-  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0, e}
+  return {1, now, at, floordiv(window - taken, per_event), at - now + ceildiv(e - y, per_micro), ref, e0, e}
 end

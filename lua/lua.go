@@ -37,7 +37,9 @@ var Book = join(append(bookParts, "book.lua")...)
 //
 // Its second function, name + "_allow", runs Allow's script of the
 // windowed algorithm its ARGV[2] names; its third, name + "_bucket",
-// Allow's script of the buckets.
+// Allow's script of the buckets; its fourth, name + "_book_buckets", Book
+// on two buckets of one slot with nothing else asked
+// (book_buckets.lua), which has no script.
 func BookLibrary(name string) string {
 	return "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) + join("allow_limit.lua") +
 		"local function book()\n" + join("book.lua") + "end\n" +
@@ -47,7 +49,9 @@ func BookLibrary(name string) string {
 		"local allow_fast = {fixed_window = counter_allow, sliding_counter = counter_allow, sliding_log = sliding_log_allow}\n" +
 		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
 		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n" +
-		"redis.register_function('" + name + "_bucket', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow_bucket()\nend)\n"
+		"redis.register_function('" + name + "_bucket', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow_bucket()\nend)\n" +
+		join("book_buckets_slow.lua") + "local function book_buckets()\n" + join("book_buckets.lua") + "end\n" +
+		"redis.register_function('" + name + "_book_buckets', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book_buckets()\nend)\n"
 }
 
 // Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
