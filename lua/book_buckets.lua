@@ -39,9 +39,9 @@ if ARGV[8] then
   end
 end
 
-local r1, s1, e1, c1, h1, st1 = bucket_read(KEYS[1], now, pm1)
+local r1, s1, e1, c1, h1, m1, st1 = bucket_read(KEYS[1], now, pm1)
 if not r1 then return book_buckets_slow(now, start, max_wait, slack, {pe1, w1, n1, pm1}, {pe2, w2, n2, pm2}) end
-local r2, s2, e2, c2, h2, st2 = bucket_read(KEYS[2], now, pm2)
+local r2, s2, e2, c2, h2, m2, st2 = bucket_read(KEYS[2], now, pm2)
 if not r2 then return book_buckets_slow(now, start, max_wait, slack, {pe1, w1, n1, pm1}, {pe2, w2, n2, pm2}) end
 
 -- As book.lua: each claim alone, then the earliest instant at which both fit.
@@ -81,8 +81,8 @@ if c1 == 1 and (y1 < s1 or y1 > e1) or c2 == 1 and (y2 < s2 or y2 > e2) then ret
 local from1, from2 = y1, y2
 if c1 == 1 then from1 = e1 end
 if c2 == 1 then from2 = e2 end
-s1, e1 = bucket_write(KEYS[1], r1, s1, e1, c1, h1, pm1, n1, y1, now, slack, ARGV[1], ARGV[4])
-s2, e2 = bucket_write(KEYS[2], r2, s2, e2, c2, h2, pm2, n2, y2, now, slack, ARGV[1], ARGV[7])
+s1, e1 = bucket_write(KEYS[1], r1, s1, e1, c1, h1, m1, pm1, n1, y1, now, slack, ARGV[1], ARGV[4])
+s2, e2 = bucket_write(KEYS[2], r2, s2, e2, c2, h2, m2, pm2, n2, y2, now, slack, ARGV[1], ARGV[7])
 return {1, now, at,
   bucket_room(r1, s1, e1, 1, pm1, pe1, w1, at), at - now + ceildiv(e1 - y1, pm1), r1, from1, e1,
   bucket_room(r2, s2, e2, 1, pm2, pe2, w2, at), at - now + ceildiv(e2 - y2, pm2), r2, from2, e2}

@@ -8,12 +8,12 @@
 -- Time is counted in units of 1/(limit/g) µs, g = gcd(limit, period), from
 -- the instant ref; a span [s, e) is busy server time in those units.
 --
--- state -> string "ref s e" for the state most calls find: one span [s, e)
---          and no block (what bucket_quick reads and writes); otherwise
---          "ref b count last [s e]": ref (µs), µs until which the key is
---          blocked (0: not), how many spans there are, where the last one
---          ends, and the span itself when there is one (every state before
---          "ref s e" was, which new_bucket still reads)
+-- state -> string "ref b count last [s e]": ref (µs), µs until which the key
+--          is blocked (0: not), how many spans there are, where the last one
+--          ends, and the span itself when there is one. The quick steps
+--          (bucket_read, bucket_write) read and write the form most calls
+--          find, "ref 0 1 e s e", as it is, so that every version reads
+--          what every other writes
 -- aux   -> sorted set of the spans when there are two or more: member
 --          "s e", score s
 
@@ -28,16 +28,9 @@ local function new_bucket(key, spans_key, p)
   local state = redis.call('GET', key)
   if state then
     -- One match, not nums' gmatch: this parse is on every call's way.
-    local r, s, e = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
-    if r then
-      ref, count, inline = tonumber(r), 1, {tonumber(s), tonumber(e)}
-      last = inline[2]
-    else
-      local b, c, l
-      r, b, c, l, s, e = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
-      ref, self.blocked, count, last = tonumber(r), tonumber(b), tonumber(c), tonumber(l)
-      if count == 1 then inline = {tonumber(s), tonumber(e)} end
-    end
+    local r, b, c, l, s, e = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
+    ref, self.blocked, count, last = tonumber(r), tonumber(b), tonumber(c), tonumber(l)
+    if count == 1 then inline = {tonumber(s), tonumber(e)} end
   end
 
   local function member(s) return string.format('%d %d', s[1], s[2]) end
@@ -339,9 +332,7 @@ local function new_bucket(key, spans_key, p)
   -- turn then costs no write.
   function self.save(ttl)
     local s
-    if count == 1 and self.blocked == 0 and last == inline[2] then
-      s = string.format('%d %d %d', ref, inline[1], inline[2])
-    elseif count == 1 then
+    if count == 1 then
       s = string.format('%d %d 1 %d %d %d', ref, self.blocked, last, inline[1], inline[2])
     else
       s = string.format('%d %d %d %d', ref, self.blocked, count, last)
@@ -355,24 +346,26 @@ local function new_bucket(key, spans_key, p)
 end
 
 -- The steps of the quick decisions (bucket_quick, and book_buckets.lua's
--- on several buckets), on the states most calls find: "ref s e" or none,
--- read as ref, s, e, count (0 or 1), without a bucket of closures.
+-- on several buckets), on the states most calls find: "ref 0 1 e s e" (one
+-- span, no block) or none, read as ref, s, e, count (0 or 1), without a
+-- bucket of closures. Units are µs where limit/g is 1: no division then.
 
 -- bucket_read returns key's state trimmed at now as ref, s, e, count,
--- head ("ref s " as read: a span grows at its end only, so it is written
--- again as it came) and the state as read; nil for any other state (or
--- one to rebase), which new_bucket reads.
+-- head and mid ("ref 0 1 " and " s " as read: a span grows at its end
+-- only, so they are written again as they came) and the state as read;
+-- nil for any other state (a block, no span or several, or one to
+-- rebase), which new_bucket reads.
 local function bucket_read(key, now, per_micro)
   local state = redis.call('GET', key)
-  if not state then return now, 0, 0, 0, nil, nil end
-  local head, r, s, e = string.match(state, '^((%-?%d+) (%-?%d+) )(%-?%d+)$')
-  if not r then return nil end
+  if not state then return now, 0, 0, 0, nil, nil, nil end
+  local head, r, last, mid, s, e = string.match(state, '^((%-?%d+) 0 1 )(%-?%d+)( (%-?%d+) )(%-?%d+)$')
+  if not r or last ~= e then return nil end
   local ref = r + 0
   local x = (now - ref) * per_micro
   e = e + 0
-  if e <= x then return now, 0, 0, 0, nil, state end
+  if e <= x then return now, 0, 0, 0, nil, nil, state end
   if x > REBASE_AFTER then return nil end
-  return ref, s + 0, e, 1, head, state
+  return ref, s + 0, e, 1, head, mid, state
 end
 
 -- bucket_earliest is new_bucket's earliest(from) on a quick state.
@@ -416,17 +409,20 @@ end
 -- s and e. now_text and need_text are now and need as the call's text
 -- ('' if not): the state of an empty bucket booked at now is written from
 -- them.
-local function bucket_write(key, ref, s, e, count, head, per_micro, need, y, now, slack, now_text, need_text)
+local function bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y, now, slack, now_text, need_text)
   if count == 0 then s, e = y, y end
   e = e + need
   -- At least 1 ms: e is past now.
-  local ttl = string.format('%d', ceildiv(ceildiv(e - (now - ref) * per_micro, per_micro) + slack, 1000))
+  local life = e - (now - ref) * per_micro
+  if per_micro ~= 1 then life = ceildiv(life, per_micro) end
+  local ttl = string.format('%d', ceildiv(life + slack, 1000))
   if head then
-    redis.call('SET', key, head .. string.format('%d', e), 'PX', ttl)
+    local last = string.format('%d', e)
+    redis.call('SET', key, head .. last .. mid .. last, 'PX', ttl)
   elseif s == 0 and now_text ~= '' and need_text ~= '' then -- ref is now, e is need
-    redis.call('SET', key, now_text .. ' 0 ' .. need_text, 'PX', ttl)
+    redis.call('SET', key, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text, 'PX', ttl)
   else
-    redis.call('SET', key, string.format('%d %d %d', ref, s, e), 'PX', ttl)
+    redis.call('SET', key, string.format('%d 0 1 %d %d %d', ref, e, s, e), 'PX', ttl)
   end
   return s, e
 end
@@ -441,7 +437,7 @@ end
 -- its pieces as three integers, "ref from to", which algorithms formats:
 -- formatting numbers costs the server more than the rest of the decision.
 local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack, now_text, need_text)
-  local ref, s, e, count, head, state = bucket_read(key, now, per_micro)
+  local ref, s, e, count, head, mid, state = bucket_read(key, now, per_micro)
   if not ref then return nil end
   -- bucket_earliest, bucket_room and bucket_write inline: each call of a
   -- function of this many arguments costs about 3% of the decision.
@@ -477,13 +473,18 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   if y > s then taken = z - y end
   if taken < 0 then taken = 0 end
   -- At least 1 ms: e is past now.
-  local ttl = string.format('%d', ceildiv(ceildiv(e - (now - ref) * per_micro, per_micro) + slack, 1000))
+  local life = e - (now - ref) * per_micro
+  if per_micro ~= 1 then life = ceildiv(life, per_micro) end
+  local ttl = string.format('%d', ceildiv(life + slack, 1000))
   if head then
-    redis.call('SET', key, head .. string.format('%d', e), 'PX', ttl)
+    local last = string.format('%d', e)
+    redis.call('SET', key, head .. last .. mid .. last, 'PX', ttl)
   elseif s == 0 and now_text ~= '' then -- ref is now, e is need
-    redis.call('SET', key, now_text .. ' 0 ' .. need_text, 'PX', ttl)
+    redis.call('SET', key, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text, 'PX', ttl)
   else
-    redis.call('SET', key, string.format('%d %d %d', ref, s, e), 'PX', ttl)
+    redis.call('SET', key, string.format('%d 0 1 %d %d %d', ref, e, s, e), 'PX', ttl)
   end
-  return {1, now, at, floordiv(window - taken, per_event), at - now + ceildiv(e - y, per_micro), ref, e0, e}
+  local reset = e - y
+  if per_micro ~= 1 then reset = ceildiv(reset, per_micro) end
+  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0, e}
 end
