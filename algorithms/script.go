@@ -227,7 +227,7 @@ func (op *Op) bucket() bool {
 }
 
 func (op *Op) leanKeys() []string {
-	if op.bucket() {
+	if op.bucket() || op.Claims[0].Algorithm == FixedWindow {
 		return []string{op.Claims[0].Key}
 	}
 	return []string{op.Claims[0].Key, op.Claims[0].Aux}
@@ -251,6 +251,14 @@ func (op *Op) leanArgs() []any {
 		if args[7] == int64(1) {
 			args = args[:7]
 		}
+		for len(args) > 4 && args[len(args)-1] == int64(0) {
+			args = args[:len(args)-1]
+		}
+		return args
+	}
+	if c.Algorithm == FixedWindow {
+		// The last three left out where they are 0 (lua/allow_window.lua).
+		args := []any{clock, p.Period, p.Limit - c.N, c.N, op.Slack, op.MaxWait, op.notBefore()}
 		for len(args) > 4 && args[len(args)-1] == int64(0) {
 			args = args[:len(args)-1]
 		}
@@ -327,6 +335,9 @@ func (s *Script) leanFunction(op *Op) string {
 	if op.bucket() {
 		return s.function + "_bucket"
 	}
+	if op.Claims[0].Algorithm == FixedWindow {
+		return s.function + "_window"
+	}
 	return s.function + "_allow"
 }
 
@@ -336,6 +347,16 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	if err != nil {
 		op.Err = err
 		return
+	}
+	if len(reply) == 5 && len(op.Claims) == 1 {
+		// allow_window's booking (lua/allow_window.lua): no retry_after
+		// (0), and its pieces, the instant booked, formatted here.
+		at, ok := reply[2].(int64)
+		if !ok {
+			op.Err = fmt.Errorf("algorithms: window script replied %v for the instant, want an integer", reply[2])
+			return
+		}
+		reply = []any{reply[0], reply[1], reply[2], reply[3], int64(0), reply[4], strconv.FormatInt(at, 10)}
 	}
 	if len(reply) == 8 && len(op.Claims) == 1 {
 		// allow_bucket's booking (lua/bucket.lua's bucket_quick): no
