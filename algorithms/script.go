@@ -227,7 +227,7 @@ func (op *Op) bucket() bool {
 }
 
 func (op *Op) leanKeys() []string {
-	if op.bucket() || op.Claims[0].Algorithm == FixedWindow {
+	if a := op.Claims[0].Algorithm; op.bucket() || a == FixedWindow || a == SlidingCounter {
 		return []string{op.Claims[0].Key}
 	}
 	return []string{op.Claims[0].Key, op.Claims[0].Aux}
@@ -260,6 +260,14 @@ func (op *Op) leanArgs() []any {
 		// The last three left out where they are 0 (lua/allow_window.lua).
 		args := []any{clock, p.Period, p.Limit - c.N, c.N, op.Slack, op.MaxWait, op.notBefore()}
 		for len(args) > 4 && args[len(args)-1] == int64(0) {
+			args = args[:len(args)-1]
+		}
+		return args
+	}
+	if c.Algorithm == SlidingCounter {
+		// The last three left out where they are 0 (lua/allow_counter.lua).
+		args := []any{clock, p.Period / p.Windows, p.Windows, p.Limit, c.N, op.Slack, op.MaxWait, op.notBefore()}
+		for len(args) > 5 && args[len(args)-1] == int64(0) {
 			args = args[:len(args)-1]
 		}
 		return args
@@ -335,8 +343,11 @@ func (s *Script) leanFunction(op *Op) string {
 	if op.bucket() {
 		return s.function + "_bucket"
 	}
-	if op.Claims[0].Algorithm == FixedWindow {
+	switch op.Claims[0].Algorithm {
+	case FixedWindow:
 		return s.function + "_window"
+	case SlidingCounter:
+		return s.function + "_counter"
 	}
 	return s.function + "_allow"
 }
@@ -349,7 +360,7 @@ func (op *Op) finish(cmd *redis.Cmd) {
 		return
 	}
 	if len(reply) == 5 && len(op.Claims) == 1 {
-		// allow_window's booking (lua/allow_window.lua): no retry_after
+		// allow_window's or allow_counter's booking: no retry_after
 		// (0), and its pieces, the instant booked, formatted here.
 		at, ok := reply[2].(int64)
 		if !ok {

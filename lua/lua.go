@@ -37,8 +37,9 @@ var Book = join(append(bookParts, "book.lua")...)
 //
 // Its second function, name + "_allow", runs Allow's script of the
 // sliding algorithm its ARGV[2] names; its third, name + "_bucket",
-// Allow's script of the buckets, and name + "_window" the fixed window's
-// (allow_window.lua); its last, name + "_book_buckets", Book
+// Allow's script of the buckets, name + "_window" the fixed window's
+// (allow_window.lua) and name + "_counter" the sliding counter's
+// (allow_counter.lua); its last, name + "_book_buckets", Book
 // on two buckets of one slot with nothing else asked
 // (book_buckets.lua), which has no script.
 func BookLibrary(name string) string {
@@ -46,13 +47,15 @@ func BookLibrary(name string) string {
 		"local function book()\n" + join("book.lua") + "end\n" +
 		"local function allow(new_limit, fast_limit)\n" + join("allow.lua") + "end\n" +
 		"local function allow_bucket()\n" + join("allow_bucket.lua") + "end\n" +
-		"local allow_constructors = {sliding_counter = new_counter, sliding_log = new_sliding_log}\n" +
-		"local allow_fast = {sliding_counter = counter_allow, sliding_log = sliding_log_allow}\n" +
+		"local allow_constructors = {sliding_log = new_sliding_log}\n" +
+		"local allow_fast = {sliding_log = sliding_log_allow}\n" +
 		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
 		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n" +
 		"redis.register_function('" + name + "_bucket', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow_bucket()\nend)\n" +
 		"local function allow_window()\n" + join("allow_window.lua") + "end\n" +
 		"redis.register_function('" + name + "_window', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow_window()\nend)\n" +
+		"local function allow_counter()\n" + join("allow_counter.lua") + "end\n" +
+		"redis.register_function('" + name + "_counter', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow_counter()\nend)\n" +
 		join("book_buckets_slow.lua") + "local function book_buckets()\n" + join("book_buckets.lua") + "end\n" +
 		"redis.register_function('" + name + "_book_buckets', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book_buckets()\nend)\n"
 }
@@ -72,7 +75,7 @@ var Ready = join("ready.lua")
 // for each algorithm, holding only that algorithm's code.
 var Allow = map[string]string{
 	"fixed_window":    join("common.lua", "counter.lua", "allow_limit.lua", "allow_window.lua"),
-	"sliding_counter": allowOf("new_counter", "counter_allow", "counter.lua"),
+	"sliding_counter": join("common.lua", "counter.lua", "allow_limit.lua", "allow_counter.lua"),
 	"sliding_log":     allowOf("new_sliding_log", "sliding_log_allow", "sliding_log.lua"),
 	"token_bucket":    allowBucket,
 	"leaky_bucket":    allowBucket,
