@@ -208,7 +208,7 @@ func (op *Op) args() []any {
 }
 
 // lean tells whether op is one limit's AllowN or ReserveN that the lean
-// script decides as the book script would (lua/allow.lua): a book of one
+// script decides as the book script would (lua/allow_*.lua): a book of one
 // claim with no ID, nothing to give back, no replaced limit, no recent
 // throttles, no fair share and no remind.
 func (op *Op) lean() bool {
@@ -227,10 +227,10 @@ func (op *Op) bucket() bool {
 }
 
 func (op *Op) leanKeys() []string {
-	if a := op.Claims[0].Algorithm; op.bucket() || a == FixedWindow || a == SlidingCounter {
-		return []string{op.Claims[0].Key}
+	if op.Claims[0].Algorithm == SlidingLog {
+		return []string{op.Claims[0].Key, op.Claims[0].Aux}
 	}
-	return []string{op.Claims[0].Key, op.Claims[0].Aux}
+	return []string{op.Claims[0].Key}
 }
 
 func (op *Op) leanArgs() []any {
@@ -251,28 +251,27 @@ func (op *Op) leanArgs() []any {
 		if args[7] == int64(1) {
 			args = args[:7]
 		}
-		for len(args) > 4 && args[len(args)-1] == int64(0) {
-			args = args[:len(args)-1]
-		}
-		return args
+		return trimZeros(args, 4)
 	}
 	if c.Algorithm == FixedWindow {
 		// The last three left out where they are 0 (lua/allow_window.lua).
-		args := []any{clock, p.Period, p.Limit - c.N, c.N, op.Slack, op.MaxWait, op.notBefore()}
-		for len(args) > 4 && args[len(args)-1] == int64(0) {
-			args = args[:len(args)-1]
-		}
-		return args
+		return trimZeros([]any{clock, p.Period, p.Limit - c.N, c.N, op.Slack, op.MaxWait, op.notBefore()}, 4)
 	}
 	if c.Algorithm == SlidingCounter {
 		// The last three left out where they are 0 (lua/allow_counter.lua).
-		args := []any{clock, p.Period / p.Windows, p.Windows, p.Limit, c.N, op.Slack, op.MaxWait, op.notBefore()}
-		for len(args) > 5 && args[len(args)-1] == int64(0) {
-			args = args[:len(args)-1]
-		}
-		return args
+		return trimZeros([]any{clock, p.Period / p.Windows, p.Windows, p.Limit, c.N, op.Slack, op.MaxWait, op.notBefore()}, 5)
 	}
-	return []any{clock, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, op.NotBefore, op.MaxWait, op.Slack}
+	// A sliding log (lua/allow_log.lua).
+	return trimZeros([]any{clock, p.Limit, p.Period, c.N, op.Slack, op.MaxWait, op.notBefore()}, 4)
+}
+
+// trimZeros leaves out the zeros at the end of args after its first keep:
+// the lean scripts read a missing trailing argument as 0.
+func trimZeros(args []any, keep int) []any {
+	for len(args) > keep && args[len(args)-1] == int64(0) {
+		args = args[:len(args)-1]
+	}
+	return args
 }
 
 // bookBuckets tells whether op is a book on two buckets and
@@ -322,10 +321,7 @@ func (op *Op) bookBucketsArgs() []any {
 	if perMicro != [2]int64{1, 1} {
 		return append(args, perMicro[0], perMicro[1])
 	}
-	for len(args) > 7 && args[len(args)-1] == int64(0) {
-		args = args[:len(args)-1]
-	}
-	return args
+	return trimZeros(args, 7)
 }
 
 // notBefore is op.NotBefore for the lean scripts, which book from the
@@ -340,16 +336,15 @@ func (op *Op) notBefore() int64 {
 
 // leanFunction is the function of op's lean script in the library.
 func (s *Script) leanFunction(op *Op) string {
-	if op.bucket() {
-		return s.function + "_bucket"
-	}
 	switch op.Claims[0].Algorithm {
 	case FixedWindow:
 		return s.function + "_window"
 	case SlidingCounter:
 		return s.function + "_counter"
+	case SlidingLog:
+		return s.function + "_log"
 	}
-	return s.function + "_allow"
+	return s.function + "_bucket"
 }
 
 // finish sets op's outcome from the script's reply.
@@ -360,7 +355,7 @@ func (op *Op) finish(cmd *redis.Cmd) {
 		return
 	}
 	if len(reply) == 5 && len(op.Claims) == 1 {
-		// allow_window's or allow_counter's booking: no retry_after
+		// allow_window's, allow_counter's or allow_log's booking: no retry_after
 		// (0), and its pieces, the instant booked, formatted here.
 		at, ok := reply[2].(int64)
 		if !ok {

@@ -1,5 +1,5 @@
 -- allow_bucket: a token or leaky bucket's AllowN or ReserveN (as
--- allow.lua's), with the fewest keys and arguments and no number the call
+-- allow_limit.lua's), with the fewest keys and arguments and no number the call
 -- does not need: Go sends the bucket's units already reduced.
 --
 -- KEYS[1] -> the state key (its aux key is KEYS[1] .. ':b', in its slot)

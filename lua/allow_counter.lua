@@ -1,4 +1,4 @@
--- allow_counter: a sliding counter's AllowN or ReserveN (as allow.lua's),
+-- allow_counter: a sliding counter's AllowN or ReserveN (as allow_limit.lua's),
 -- with the fewest keys and arguments, and a quick decision on the states
 -- most calls find: none, or no block and the events booked in or after
 -- the last sub-window with events. It writes the state back as it read

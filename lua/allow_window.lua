@@ -1,4 +1,4 @@
--- allow_window: a fixed window's AllowN or ReserveN (as allow.lua's), with
+-- allow_window: a fixed window's AllowN or ReserveN (as allow_limit.lua's), with
 -- the fewest keys and arguments, and a quick decision on the states most
 -- calls find: none, or "0,i,c" (no block, events in one window, the
 -- current one). Any other state goes to new_counter (allow_limit).
