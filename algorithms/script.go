@@ -355,34 +355,21 @@ func (op *Op) finish(cmd *redis.Cmd) {
 		return
 	}
 	if len(reply) == 5 && len(op.Claims) == 1 {
-		// allow_window's, allow_counter's or allow_log's booking: no retry_after
-		// (0), and its pieces, the instant booked, formatted here.
+		// allow_window's, allow_counter's or allow_log's booking: no
+		// retry_after (0), and its pieces, the instant booked, formatted
+		// here.
 		at, ok := reply[2].(int64)
 		if !ok {
-			op.Err = fmt.Errorf("algorithms: window script replied %v for the instant, want an integer", reply[2])
+			op.Err = fmt.Errorf("algorithms: allow script replied %v for the instant, want an integer", reply[2])
 			return
 		}
 		reply = []any{reply[0], reply[1], reply[2], reply[3], int64(0), reply[4], strconv.FormatInt(at, 10)}
 	}
-	if len(reply) == 8 && len(op.Claims) == 1 {
-		// allow_bucket's booking (lua/bucket.lua's bucket_quick): no
-		// retry_after (0), and its pieces, "ref from to", as three
-		// integers, formatted here rather than by the server.
-		var ends [3]int64
-		for i := range ends {
-			n, ok := reply[5+i].(int64)
-			if !ok {
-				op.Err = fmt.Errorf("algorithms: bucket script replied %v for a piece, want an integer", reply[5+i])
-				return
-			}
-			ends[i] = n
-		}
-		reply = []any{reply[0], reply[1], reply[2], reply[3], int64(0), reply[4], joinInts(ends[:]...)}
-	}
-	if k := len(op.Claims); k >= 2 && len(reply) == 3+5*k {
-		// book_buckets' booking: no retry_after (0), and each claim's
-		// pieces, "ref from to", as three integers, formatted here rather
-		// than by the server.
+	if k := len(op.Claims); len(reply) == 3+5*k {
+		// A booking of the buckets' quick steps (lua/bucket.lua's
+		// bucket_quick, lua/book_buckets.lua): no retry_after (0), and each
+		// claim's pieces, "ref from to", as three integers, formatted here
+		// rather than by the server.
 		out := append(make([]any, 0, 3+4*k), reply[:3]...)
 		for i := range k {
 			v := reply[3+5*i : 3+5*(i+1)]

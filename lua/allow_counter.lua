@@ -19,14 +19,7 @@
 
 local now = clock()
 local sub, windows, limit, n = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
-local slack, max_wait, start = 0, 0, now
-if ARGV[6] then
-  slack = ARGV[6] + 0
-  if ARGV[7] then
-    max_wait = ARGV[7] + 0
-    if ARGV[8] and ARGV[8] + 0 > now then start = ARGV[8] + 0 end
-  end
-end
+local slack, max_wait, start = lean_options(6, now)
 
 local function slow()
   local p = {limit = limit, period = sub * windows, burst = limit, windows = windows, n = n, member = ''}

@@ -30,3 +30,19 @@ local function allow_limit(g, now, start, max_wait, slack)
   save()
   return reply
 end
+
+-- lean_options reads the lean scripts' last arguments from ARGV[i] on:
+-- TTL slack (µs), the longest wait (µs) and not before (µs), each left
+-- out, with those after it, where all are 0. It returns slack, max_wait
+-- and start (the later of not before and now).
+local function lean_options(i, now)
+  local slack, max_wait, start = 0, 0, now
+  if ARGV[i] then
+    slack = ARGV[i] + 0
+    if ARGV[i + 1] then
+      max_wait = ARGV[i + 1] + 0
+      if ARGV[i + 2] and ARGV[i + 2] + 0 > now then start = ARGV[i + 2] + 0 end
+    end
+  end
+  return slack, max_wait, start
+end

@@ -13,14 +13,7 @@
 
 local now = clock()
 local limit, period, n = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
-local slack, max_wait, start = 0, 0, now
-if ARGV[5] then
-  slack = ARGV[5] + 0
-  if ARGV[6] then
-    max_wait = ARGV[6] + 0
-    if ARGV[7] and ARGV[7] + 0 > now then start = ARGV[7] + 0 end
-  end
-end
+local slack, max_wait, start = lean_options(5, now)
 local reply = sliding_log_allow(KEYS[1], KEYS[2], limit, period, n, now, start, max_wait, slack, ARGV[1])
 if reply then return reply end
 local p = {limit = limit, period = period, burst = limit, windows = 1, n = n, member = ''}

@@ -18,14 +18,7 @@
 
 local now = clock()
 local period, most, n = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
-local slack, max_wait, start = 0, 0, now
-if ARGV[5] then
-  slack = ARGV[5] + 0
-  if ARGV[6] then
-    max_wait = ARGV[6] + 0
-    if ARGV[7] and ARGV[7] + 0 > now then start = ARGV[7] + 0 end
-  end
-end
+local slack, max_wait, start = lean_options(5, now)
 
 local function slow()
   local p = {limit = most + n, period = period, burst = most + n, windows = 1, n = n, member = ''}
