@@ -208,7 +208,7 @@ func (op *Op) args() []any {
 }
 
 // lean tells whether op is one limit's AllowN or ReserveN that the lean
-// script decides as the book script would (lua/allow.lua): a book of one
+// script decides as the book script would (lua/allow_*.lua): a book of one
 // claim with no ID, nothing to give back, no replaced limit, no recent
 // throttles, no fair share and no remind.
 func (op *Op) lean() bool {
@@ -219,8 +219,18 @@ func (op *Op) lean() bool {
 	return c.GiveBack == "" && c.ID == "" && c.RecentKey == "" && c.Replaces == nil && c.Member == ""
 }
 
+// bucket tells whether op's one claim is a bucket's, whose lean script
+// takes other KEYS and ARGV (lua/allow_bucket.lua).
+func (op *Op) bucket() bool {
+	a := op.Claims[0].Algorithm
+	return a == TokenBucket || a == LeakyBucket
+}
+
 func (op *Op) leanKeys() []string {
-	return []string{op.Claims[0].Key, op.Claims[0].Aux}
+	if op.Claims[0].Algorithm == SlidingLog {
+		return []string{op.Claims[0].Key, op.Claims[0].Aux}
+	}
+	return []string{op.Claims[0].Key}
 }
 
 func (op *Op) leanArgs() []any {
@@ -230,7 +240,111 @@ func (op *Op) leanArgs() []any {
 	}
 	c := op.Claims[0]
 	p := c.Params
-	return []any{clock, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, op.NotBefore, op.MaxWait, op.Slack}
+	if op.bucket() {
+		// The bucket's units, reduced here rather than in Lua on every
+		// call, burst and n in them; the last four left out where they are
+		// 0, or 1 for limit/g (as AllowN's are on Redis's clock): fewer
+		// arguments to pass and read (lua/allow_bucket.lua).
+		g := gcd(p.Limit, p.Period)
+		perEvent := p.Period / g
+		args := []any{clock, perEvent, p.Burst * perEvent, c.N * perEvent, op.Slack, op.MaxWait, op.notBefore(), p.Limit / g}
+		if args[7] == int64(1) {
+			args = args[:7]
+		}
+		return trimZeros(args, 4)
+	}
+	if c.Algorithm == FixedWindow {
+		// The last three left out where they are 0 (lua/allow_window.lua).
+		return trimZeros([]any{clock, p.Period, p.Limit - c.N, c.N, op.Slack, op.MaxWait, op.notBefore()}, 4)
+	}
+	if c.Algorithm == SlidingCounter {
+		// The last three left out where they are 0 (lua/allow_counter.lua).
+		return trimZeros([]any{clock, p.Period / p.Windows, p.Windows, p.Limit, c.N, op.Slack, op.MaxWait, op.notBefore()}, 5)
+	}
+	// A sliding log (lua/allow_log.lua).
+	return trimZeros([]any{clock, p.Limit, p.Period, c.N, op.Slack, op.MaxWait, op.notBefore()}, 4)
+}
+
+// trimZeros leaves out the zeros at the end of args after its first keep:
+// the lean scripts read a missing trailing argument as 0.
+func trimZeros(args []any, keep int) []any {
+	for len(args) > keep && args[len(args)-1] == int64(0) {
+		args = args[:len(args)-1]
+	}
+	return args
+}
+
+// bookBuckets tells whether op is a book on two buckets and
+// nothing else asked (no ID, nothing to give back, no replaced limit, no
+// recent throttles, no fair share, no remind, not exact): a drain's and a
+// quota's booking, which the library's book_buckets function decides
+// (lua/book_buckets.lua).
+func (op *Op) bookBuckets() bool {
+	if op.Name != OpBook || len(op.Claims) != 2 || op.Exact || op.Ahead > 0 || op.Remind != nil {
+		return false
+	}
+	for _, c := range op.Claims {
+		if c.Algorithm != TokenBucket && c.Algorithm != LeakyBucket ||
+			c.GiveBack != "" || c.ID != "" || c.RecentKey != "" || c.Replaces != nil || c.Member != "" {
+			return false
+		}
+	}
+	return true
+}
+
+func (op *Op) bookBucketsKeys() []string {
+	keys := make([]string, len(op.Claims))
+	for i, c := range op.Claims {
+		keys[i] = c.Key
+	}
+	return keys
+}
+
+func (op *Op) bookBucketsArgs() []any {
+	clock := ""
+	if op.Now != Now {
+		clock = strconv.FormatInt(op.Now, 10)
+	}
+	args := make([]any, 0, 12)
+	args = append(args, clock)
+	var perMicro [2]int64
+	for i, c := range op.Claims {
+		p := c.Params
+		g := gcd(p.Limit, p.Period)
+		perEvent := p.Period / g
+		args = append(args, perEvent, p.Burst*perEvent, c.N*perEvent)
+		perMicro[i] = p.Limit / g
+	}
+	// As leanArgs: the last five left out where they are 0, or 1 for
+	// limit/g (lua/book_buckets.lua).
+	args = append(args, op.Slack, op.MaxWait, op.notBefore())
+	if perMicro != [2]int64{1, 1} {
+		return append(args, perMicro[0], perMicro[1])
+	}
+	return trimZeros(args, 7)
+}
+
+// notBefore is op.NotBefore for the lean scripts, which book from the
+// later of it and now: 0 where now is given and not before it, one
+// argument fewer.
+func (op *Op) notBefore() int64 {
+	if op.Now != Now && op.NotBefore <= op.Now {
+		return 0
+	}
+	return op.NotBefore
+}
+
+// leanFunction is the function of op's lean script in the library.
+func (s *Script) leanFunction(op *Op) string {
+	switch op.Claims[0].Algorithm {
+	case FixedWindow:
+		return s.function + "_window"
+	case SlidingCounter:
+		return s.function + "_counter"
+	case SlidingLog:
+		return s.function + "_log"
+	}
+	return s.function + "_bucket"
 }
 
 // finish sets op's outcome from the script's reply.
@@ -239,6 +353,38 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	if err != nil {
 		op.Err = err
 		return
+	}
+	if len(reply) == 5 && len(op.Claims) == 1 {
+		// allow_window's, allow_counter's or allow_log's booking: no
+		// retry_after (0), and its pieces, the instant booked, formatted
+		// here.
+		at, ok := reply[2].(int64)
+		if !ok {
+			op.Err = fmt.Errorf("algorithms: allow script replied %v for the instant, want an integer", reply[2])
+			return
+		}
+		reply = []any{reply[0], reply[1], reply[2], reply[3], int64(0), reply[4], strconv.FormatInt(at, 10)}
+	}
+	if k := len(op.Claims); len(reply) == 3+5*k {
+		// A booking of the buckets' quick steps (lua/bucket.lua's
+		// bucket_quick, lua/book_buckets.lua): no retry_after (0), and each
+		// claim's pieces, "ref from to", as three integers, formatted here
+		// rather than by the server.
+		out := append(make([]any, 0, 3+4*k), reply[:3]...)
+		for i := range k {
+			v := reply[3+5*i : 3+5*(i+1)]
+			var ends [3]int64
+			for j := range ends {
+				n, ok := v[2+j].(int64)
+				if !ok {
+					op.Err = fmt.Errorf("algorithms: book script replied %v for a piece, want an integer", v[2+j])
+					return
+				}
+				ends[j] = n
+			}
+			out = append(out, v[0], int64(0), v[1], joinInts(ends[:]...))
+		}
+		reply = out
 	}
 	if len(reply) != 3+4*len(op.Claims) {
 		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), len(op.Claims), 3+4*len(op.Claims))
@@ -413,7 +559,10 @@ func send(ctx context.Context, rdb redis.UniversalClient, ops []*Op, call func(c
 
 func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
-		return command(ctx, "fcall", s.function+"_allow", op.leanKeys(), op.leanArgs())
+		return command(ctx, "fcall", s.leanFunction(op), op.leanKeys(), op.leanArgs())
+	}
+	if s.allow != nil && op.bookBuckets() {
+		return command(ctx, "fcall", s.function+"_book_buckets", op.bookBucketsKeys(), op.bookBucketsArgs())
 	}
 	return command(ctx, "fcall", s.function, op.keys(), op.args())
 }

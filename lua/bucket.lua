@@ -10,7 +10,10 @@
 --
 -- state -> string "ref b count last [s e]": ref (µs), µs until which the key
 --          is blocked (0: not), how many spans there are, where the last one
---          ends, and the span itself when there is one
+--          ends, and the span itself when there is one. The quick steps
+--          (bucket_read, bucket_write) read and write the form most calls
+--          find, "ref 0 1 e s e", as it is, so that every version reads
+--          what every other writes
 -- aux   -> sorted set of the spans when there are two or more: member
 --          "s e", score s
 
@@ -342,81 +345,130 @@ local function new_bucket(key, spans_key, p)
   return self
 end
 
--- bucket_allow is allow.lua's decision (key, p, now, start, max_wait, slack as
--- it names them) for a bucket of at most one span that starts by the
--- instant booked: new_bucket's trim, earliest, record, room, reset_after
--- and save for that state, without building a bucket of closures. It
--- returns nil, having written nothing, for any other state (new_bucket
--- decides then).
-local function bucket_allow(key, _, p, now, start, max_wait, slack)
-  local g = gcd(p.limit, p.period)
-  local per_micro, per_event = p.limit / g, p.period / g
-  local window, need = p.burst * per_event, p.n * per_event
-  local ref, blocked, count, last, s, e = 0, 0, 0, 0, 0, 0
+-- The steps of the quick decisions (bucket_quick, and book_buckets.lua's
+-- on several buckets), on the states most calls find: "ref 0 1 e s e" (one
+-- span, no block) or none, read as ref, s, e, count (0 or 1), without a
+-- bucket of closures. Units are µs where limit/g is 1: no division then.
+
+-- bucket_read returns key's state trimmed at now as ref, s, e, count,
+-- head and mid ("ref 0 1 " and " s " as read: a span grows at its end
+-- only, so they are written again as they came) and the state as read;
+-- nil for any other state (a block, no span or several, or one to
+-- rebase), which new_bucket reads.
+local function bucket_read(key, now, per_micro)
   local state = redis.call('GET', key)
-  if state then
-    local r, b, c, l, s1, e1 = string.match(state, '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%-?%d*) ?(%-?%d*)$')
-    count = tonumber(c)
-    if count > 1 then return nil end
-    ref, blocked, last = tonumber(r), tonumber(b), tonumber(l)
-    if count == 1 then s, e = tonumber(s1), tonumber(e1) end
-  end
-  -- trim
+  if not state then return now, 0, 0, 0, nil, nil, nil end
+  local head, r, last, mid, s, e = string.match(state, '^((%-?%d+) 0 1 )(%-?%d+)( (%-?%d+) )(%-?%d+)$')
+  if not r or last ~= e then return nil end
+  local ref = r + 0
   local x = (now - ref) * per_micro
-  if count > 0 and last <= x then count, last = 0, 0 end
-  if count == 0 then
-    ref = now
-  elseif x > REBASE_AFTER then
-    return nil
-  end
+  e = e + 0
+  if e <= x then return now, 0, 0, 0, nil, nil, state end
+  if x > REBASE_AFTER then return nil end
+  return ref, s + 0, e, 1, head, mid, state
+end
 
-  local function busy_in(from, to)
-    if count == 0 then return 0 end
-    return math.max(0, math.min(e, to) - math.max(s, from))
-  end
-  local function room(t)
-    local y = (t - ref) * per_micro
-    return floordiv(window - busy_in(y, y + window), per_event)
-  end
-  local function reset_after(t)
-    if count == 0 then return 0 end
-    return math.max(0, ceildiv(last - (t - ref) * per_micro, per_micro))
-  end
-  local function save()
-    local life = math.max(reset_after(now), blocked - now, 0)
-    local ttl = math.max(1, ceildiv(life + slack, 1000))
-    local out
-    if count == 1 then
-      out = string.format('%d %d 1 %d %d %d', ref, blocked, last, s, e)
-    else
-      out = string.format('%d %d %d %d', ref, blocked, count, last)
-    end
-    if out ~= state then redis.call('SET', key, out, 'PX', ttl) end
-  end
+-- bucket_earliest is new_bucket's earliest(from) on a quick state.
+local function bucket_earliest(ref, s, e, count, per_micro, window, need, from)
+  if count == 0 then return from end
+  local a = (from - ref) * per_micro
+  local b0, b1 = s, e
+  if a > b0 then b0 = a end
+  if a + window < b1 then b1 = a + window end
+  if b1 <= b0 or window - b1 + b0 >= need then return from end
+  return ref + math.max(a, ceildiv(e - window + need, per_micro) * per_micro) / per_micro
+end
 
-  local from = math.max(start, blocked)
-  local at = from
-  if from - now <= max_wait then
-    local a = (from - ref) * per_micro
-    if window - busy_in(a, a + window) < need then
+-- bucket_room is new_bucket's room(t) on a quick state.
+local function bucket_room(ref, s, e, count, per_micro, per_event, window, t)
+  if count == 0 then return floordiv(window, per_event) end
+  local y = (t - ref) * per_micro
+  local b0, b1 = s, e
+  if y > b0 then b0 = y end
+  if y + window < b1 then b1 = y + window end
+  if b1 <= b0 then return floordiv(window, per_event) end
+  return floordiv(window - b1 + b0, per_event)
+end
+
+-- bucket_reset is new_bucket's reset_after(t) on a quick state.
+local function bucket_reset(ref, e, count, per_micro, t)
+  if count == 0 then return 0 end
+  return math.max(0, ceildiv(e - (t - ref) * per_micro, per_micro))
+end
+
+-- bucket_trimmed writes a state that trimming emptied (as new_bucket's
+-- save would), when nothing is recorded on it.
+local function bucket_trimmed(key, ref, count, state, slack)
+  if count == 0 and state then
+    redis.call('SET', key, string.format('%d 0 0 0', ref), 'PX', string.format('%d', math.max(1, ceildiv(slack, 1000))))
+  end
+end
+
+-- bucket_write records need units at y (in the span, or where there is
+-- none: the caller checks) and writes the state; it returns the new span's
+-- s and e. now_text and need_text are now and need as the call's text
+-- ('' if not): the state of an empty bucket booked at now is written from
+-- them.
+local function bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y, now, slack, now_text, need_text)
+  if count == 0 then s, e = y, y end
+  e = e + need
+  -- At least 1 ms: e is past now.
+  local life = e - (now - ref) * per_micro
+  if per_micro ~= 1 then life = ceildiv(life, per_micro) end
+  local ttl = string.format('%d', ceildiv(life + slack, 1000))
+  if head then
+    local last = string.format('%d', e)
+    redis.call('SET', key, head .. last .. mid .. last, 'PX', ttl)
+  elseif s == 0 and now_text ~= '' and need_text ~= '' then -- ref is now, e is need
+    redis.call('SET', key, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text, 'PX', ttl)
+  else
+    redis.call('SET', key, string.format('%d 0 1 %d %d %d', ref, e, s, e), 'PX', ttl)
+  end
+  return s, e
+end
+
+-- bucket_quick is allow_bucket.lua's decision (key, now, per_micro,
+-- per_event, window, need in units, start, max_wait, slack; now and need
+-- as the call's text) for the quick states, booked at the end of the one
+-- span or where there is none: new_bucket's trim, earliest, record, room,
+-- reset_after and save for those. It returns nil, having written nothing,
+-- for any other state (new_bucket decides then). A booking's reply is {1,
+-- now, at, remaining, reset_after, ref, from, to}: no retry_after (0), and
+-- its pieces as three integers, "ref from to", which algorithms formats:
+-- formatting numbers costs the server more than the rest of the decision.
+local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack, now_text, need_text)
+  local ref, s, e, count, head, mid, state = bucket_read(key, now, per_micro)
+  if not ref then return nil end
+  -- bucket_earliest and bucket_room inline: each call of a function of
+  -- this many arguments costs about 2% of the decision.
+  local at, busy = start, 0
+  if count == 1 then
+    local a = (start - ref) * per_micro
+    local b0, b1 = s, e
+    if a > b0 then b0 = a end
+    if a + window < b1 then b1 = a + window end
+    if b1 > b0 then busy = b1 - b0 end
+    if start - now <= max_wait and window - busy < need then
       at = ref + math.max(a, ceildiv(e - window + need, per_micro) * per_micro) / per_micro
     end
   end
   if at - now > max_wait then
     local left = 0
-    if from == now then left = room(now) end
-    local reply = {0, now, at, left, at - now, math.max(from - now, reset_after(now)), ''}
-    save()
-    return reply
+    if start == now then left = floordiv(window - busy, per_event) end
+    bucket_trimmed(key, ref, count, state, slack)
+    return {0, now, at, left, at - now, math.max(start - now, bucket_reset(ref, e, count, per_micro, now)), ''}
   end
   local y = (at - ref) * per_micro
   if count == 1 and (y < s or y > e) then return nil end
-  local s0, e0 = y, y
-  if count == 1 then s0, e0 = s, e end
-  s, e, count = s0, e0 + need, 1
-  if e > last then last = e end
-  local pieces = string.format('%d %d %d', ref, e0, e)
-  local reply = {1, now, at, room(at), 0, at - now + reset_after(at), pieces}
-  save()
-  return reply
+  local e0 = y
+  if count == 1 then e0 = e end
+  s, e = bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y, now, slack, now_text, need_text)
+  local z = y + window
+  if z > e then z = e end
+  local taken = z - s
+  if y > s then taken = z - y end
+  if taken < 0 then taken = 0 end
+  local reset = e - y
+  if per_micro ~= 1 then reset = ceildiv(reset, per_micro) end
+  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0, e}
 end

@@ -10,8 +10,10 @@
 // (book, cancel, block or peek) and documents the KEYS and ARGV it takes.
 // Each constructor mirrors its Go twin in package algorithms. Allow is
 // one limit's AllowN or ReserveN per algorithm, with only that algorithm's
-// code and its quick decision (allow.lua); BookLibrary holds Book and
-// Allow as Redis 7 functions, defined once when loaded.
+// code and its quick decision on the states most calls find
+// (allow_*.lua, allow_limit.lua for the rest); BookLibrary holds Book,
+// Allow and a two-bucket Book (book_buckets.lua) as Redis 7 functions,
+// defined once when loaded.
 package lua
 
 import (
@@ -28,25 +30,33 @@ var bookParts = []string{"common.lua", "counter.lua", "sliding_log.lua", "bucket
 // Book runs an operation on the limits of one cluster slot (see book.lua).
 var Book = join(append(bookParts, "book.lua")...)
 
-// BookLibrary is Book as a Redis 7 function library named name whose one
-// function, also name, runs Book with the same KEYS and ARGV: loaded once
+// BookLibrary is Book as a Redis 7 function library named name whose
+// function name runs Book with the same KEYS and ARGV: loaded once
 // (FUNCTION LOAD), its functions are defined once, where EVAL and EVALSHA
 // define every function of the script again on every call. Scripts read
 // KEYS and ARGV as globals, which a function may not: the library holds
 // them as locals, set by each call.
 //
-// Its second function, name + "_allow", runs Allow's script of the
-// algorithm its ARGV[2] names.
+// Its other functions run the lean scripts, with their KEYS and ARGV:
+// name + "_window", "_counter", "_log" and "_bucket" Allow's of the fixed
+// window, the sliding counter, the sliding log and the buckets; name +
+// "_book_buckets" a Book on two buckets of one slot with nothing else
+// asked (book_buckets.lua), which has no script.
 func BookLibrary(name string) string {
-	return "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) +
-		"local function book()\n" + join("book.lua") + "end\n" +
-		"local function allow(new_limit, fast_limit)\n" + join("allow.lua") + "end\n" +
-		"local allow_constructors = {fixed_window = new_counter, sliding_counter = new_counter,\n" +
-		"  sliding_log = new_sliding_log, token_bucket = new_bucket, leaky_bucket = new_bucket}\n" +
-		"local allow_fast = {token_bucket = bucket_allow, leaky_bucket = bucket_allow,\n" +
-		"  fixed_window = counter_allow, sliding_counter = counter_allow, sliding_log = sliding_log_allow}\n" +
-		"redis.register_function('" + name + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return book()\nend)\n" +
-		"redis.register_function('" + name + "_allow', function(keys, args)\n  KEYS, ARGV = keys, args\n  return allow(allow_constructors[args[2]], allow_fast[args[2]])\nend)\n"
+	lib := "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) + join("allow_limit.lua") +
+		"local function book()\n" + join("book.lua") + "end\n" + join("book_buckets_slow.lua")
+	for _, f := range []struct{ suffix, file string }{
+		{"", ""}, {"_window", "allow_window.lua"}, {"_counter", "allow_counter.lua"}, {"_log", "allow_log.lua"},
+		{"_bucket", "allow_bucket.lua"}, {"_book_buckets", "book_buckets.lua"},
+	} {
+		body := "book"
+		if f.file != "" {
+			body = "run" + f.suffix
+			lib += "local function " + body + "()\n" + join(f.file) + "end\n"
+		}
+		lib += "redis.register_function('" + name + f.suffix + "', function(keys, args)\n  KEYS, ARGV = keys, args\n  return " + body + "()\nend)\n"
+	}
+	return lib
 }
 
 // Semaphore is the fleet-wide concurrency limit (see semaphore.lua).
@@ -60,18 +70,16 @@ var Wake = join("common.lua", "fair.lua", "wake.lua")
 // ready.lua).
 var Ready = join("ready.lua")
 
-// Allow is the script of one limit's AllowN or ReserveN (see allow.lua)
-// for each algorithm, holding only that algorithm's code.
+// Allow is the script of one limit's AllowN or ReserveN for each
+// algorithm (see allow_window.lua, allow_counter.lua, allow_log.lua and
+// allow_bucket.lua), holding only that algorithm's code, with the fewest
+// keys and arguments.
 var Allow = map[string]string{
-	"fixed_window":    allowOf("new_counter", "counter_allow", "counter.lua"),
-	"sliding_counter": allowOf("new_counter", "counter_allow", "counter.lua"),
-	"sliding_log":     allowOf("new_sliding_log", "sliding_log_allow", "sliding_log.lua"),
-	"token_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
-	"leaky_bucket":    allowOf("new_bucket", "bucket_allow", "bucket.lua"),
-}
-
-func allowOf(constructor, fast, file string) string {
-	return join("common.lua", file) + "local new_limit, fast_limit = " + constructor + ", " + fast + "\n" + join("allow.lua")
+	"fixed_window":    join("common.lua", "counter.lua", "allow_limit.lua", "allow_window.lua"),
+	"sliding_counter": join("common.lua", "counter.lua", "allow_limit.lua", "allow_counter.lua"),
+	"sliding_log":     join("common.lua", "sliding_log.lua", "allow_limit.lua", "allow_log.lua"),
+	"token_bucket":    join("common.lua", "bucket.lua", "allow_limit.lua", "allow_bucket.lua"),
+	"leaky_bucket":    join("common.lua", "bucket.lua", "allow_limit.lua", "allow_bucket.lua"),
 }
 
 func join(names ...string) string {

@@ -7,17 +7,18 @@
 --          event is its own member ("time:seq"), so n events are n members
 -- aux   -> string: µs until which the key is blocked (absent: not)
 
--- log_add records n events at `at` in the log at key. NX makes a member
+-- log_add records n events at the instant at_text (µs, as text) in the log
+-- at key. NX makes a member
 -- that exists already fail to add; the next seq is tried, so n events
 -- always become n members.
-local function log_add(key, at, n)
+local function log_add(key, at_text, n)
   local seq, added = redis.call('ZCARD', key), 0
   while added < n do
     local args = {}
     for _ = 1, math.min(n - added, 100) do
       seq = seq + 1
-      args[#args + 1] = int(at)
-      args[#args + 1] = int(at) .. ':' .. seq
+      args[#args + 1] = at_text
+      args[#args + 1] = at_text .. ':' .. seq
     end
     added = added + redis.call('ZADD', key, 'NX', unpack(args))
   end
@@ -118,7 +119,7 @@ local function new_sliding_log(key, block_key, p)
   end
 
   function self.record(at)
-    log_add(key, at, n)
+    log_add(key, int(at), n)
     if not newest or at > newest then newest = at end
     return int(at)
   end
@@ -191,27 +192,30 @@ local function new_sliding_log(key, block_key, p)
   return self
 end
 
--- sliding_log_allow is allow.lua's decision (p, now, start, max_wait,
--- slack as it names them) for a log with no event after the instant
--- asked about (no turn booked ahead): new_sliding_log's trim, earliest,
--- record, room, reset_after and save for that log, with the fewest
--- commands and without building a log of closures. It returns nil, having
--- written nothing but the trim new_sliding_log makes too, for any other
--- log (new_sliding_log decides then).
-local function sliding_log_allow(key, block_key, p, now, start, max_wait, slack)
-  local period, n, most = p.period, p.n, p.limit - p.n
+-- sliding_log_allow is allow_log.lua's decision (limit, period, n, now,
+-- start, max_wait, slack; now_text: now as the call's text, or '') for
+-- a log with no event after the instant booked: new_sliding_log's trim,
+-- earliest, record, room, reset_after and save for that log, without
+-- building a log of closures. It returns nil, having written nothing, for
+-- any other log (new_sliding_log decides then). Each instant is formatted
+-- once (now's not at all where the call sent it): formatting numbers
+-- costs the server more than the rest of the decision. A booking's reply
+-- is {1, now, at, remaining, reset_after}: no retry_after (0), and
+-- pieces, the instant at, formatted by algorithms.
+local function sliding_log_allow(key, block_key, limit, period, n, now, start, max_wait, slack, now_text)
+  local most = limit - n
   local blocked = tonumber(redis.call('GET', block_key)) or 0
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
   local from = math.max(start, blocked)
+  if now_text == '' then now_text = string.format('%d', now) end
+  local from_text, from_bound = now_text, nil -- from, and "(from - period"
+  if from ~= now then from_text = string.format('%d', from) end
+  local trim = string.format('%d', now - period)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', trim)
   local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
   if newest and newest > from then return nil end
-  -- Events in the window that ends at x: with none after x, the window
-  -- ending at x is the fullest of those that hold x.
-  local function count_at(x)
-    return redis.call('ZCOUNT', key, '(' .. int(x - period), int(x))
-  end
+  if from == now then from_bound = '(' .. trim else from_bound = string.format('(%d', from - period) end
   local function save(reset)
-    local ttl = math.max(1, ceildiv(math.max(reset, blocked - now, 0) + slack, 1000))
+    local ttl = string.format('%d', math.max(1, ceildiv(math.max(reset, blocked - now, 0) + slack, 1000)))
     redis.call('PEXPIRE', key, ttl)
     if blocked > 0 then redis.call('SET', block_key, int(blocked), 'PX', ttl) end
   end
@@ -220,22 +224,29 @@ local function sliding_log_allow(key, block_key, p, now, start, max_wait, slack)
 
   local at, count = from, nil
   if from - now <= max_wait then
-    count = count_at(from)
+    -- Events in the window that ends at from: with none after it, the
+    -- window ending at from is the fullest of those that hold it.
+    count = redis.call('ZCOUNT', key, from_bound, from_text)
     if count > most then
-      local kth = redis.call('ZRANGEBYSCORE', key, '(' .. int(from - period), '+inf', 'WITHSCORES', 'LIMIT', count - most - 1, 1)
+      local kth = redis.call('ZRANGEBYSCORE', key, from_bound, '+inf', 'WITHSCORES', 'LIMIT', count - most - 1, 1)
       at = tonumber(kth[2]) + period
     end
   end
   if at - now > max_wait then
     local left = 0
-    if from == now then left = math.max(0, p.limit - (count or count_at(now))) end
+    if from == now then left = math.max(0, limit - (count or redis.call('ZCOUNT', key, '(' .. trim, now_text))) end
     local reply = {0, now, at, left, at - now, math.max(from - now, reset_now), ''}
     save(reset_now)
     return reply
   end
-  log_add(key, at, n)
-  if at ~= from then count = count_at(at) else count = count + n end
-  local reply = {1, now, at, math.max(0, p.limit - count), 0, at - now + period, int(at)}
+  local at_text = from_text
+  if at ~= from then at_text = string.format('%d', at) end
+  log_add(key, at_text, n)
+  if at ~= from then
+    count = redis.call('ZCOUNT', key, string.format('(%d', at - period), at_text)
+  else
+    count = count + n
+  end
   save(math.max(0, at + period - now))
-  return reply
+  return {1, now, at, math.max(0, limit - count), at - now + period}
 end

@@ -5,6 +5,8 @@
 # algorithm, a two-claim Book and redis_rate: cmd/bench's callgrind section,
 # which starts a redis-server of its own under valgrind's callgrind. Installs
 # valgrind with apt-get when it is missing, as redis-env.sh does redis-server.
+# SLUICE_CALLGRIND_KEEP=1 keeps callgrind's dumps (one per contender, in
+# order) for callgrind_annotate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

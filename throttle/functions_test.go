@@ -3,6 +3,7 @@ package throttle_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/algorithms"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
@@ -58,6 +60,64 @@ func TestCounterStateOfEarlierVersions(t *testing.T) {
 				t.Fatalf("%d states with counts rewritten, %d calls denied: the timeline tests too little", rewrites, denied)
 			}
 		})
+	}
+}
+
+// A bucket's state is written as every earlier version reads it, "ref
+// blocked count last [s e]" (s and e when count is 1), by the quick steps
+// of AllowN, ReserveN and a two-bucket Book as by book.lua, on the FCALL and
+// the EVALSHA paths: a fleet upgrades process by process, its versions
+// reading each other's states.
+func TestBucketStateForEveryVersion(t *testing.T) {
+	ctx := context.Background()
+	functions, scripts := redistest.Client(t), redistest.Client(t)
+	algorithms.BookScript.ScriptsOnly(scripts)
+	earlier := regexp.MustCompile(`^-?\d+ -?\d+ (1 -?\d+ -?\d+ -?\d+|[02-9]\d* -?\d+)$`) // as earlier versions match it
+	for _, rdb := range []*redis.Client{functions, scripts} {
+		for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket} {
+			t.Run(string(a), func(t *testing.T) {
+				clock := testkit.NewClock(t0)
+				prefix := redistest.Prefix(t)
+				quota := newOn(t, rdb, throttle.Spec{Algorithm: a, Limit: 5, Period: time.Second, Burst: 3}, clock, prefix+"quota:")
+				drain := newOn(t, rdb, throttle.Spec{Algorithm: a, Limit: 3, Period: time.Second, Burst: 1}, clock, prefix+"drain:")
+				states := map[string]bool{}
+				for i := range 60 {
+					clock.Set(t0.Add(time.Duration(i) * 130 * time.Millisecond))
+					var err error
+					switch i % 3 {
+					case 0:
+						_, err = quota.AllowN(ctx, "k", 1+i%2)
+					case 1:
+						_, err = quota.ReserveN(ctx, "k", 1, 300*time.Millisecond)
+					default:
+						_, err = throttle.Book(ctx, []throttle.Claim{{Limiter: drain, Key: "k", N: 1}, {Limiter: quota, Key: "k", N: 1}}, clock.Now(), 500*time.Millisecond)
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					keys, err := rdb.Keys(ctx, prefix+"*").Result()
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, k := range keys {
+						if strings.HasSuffix(k, ":b") {
+							continue // spans, a sorted set
+						}
+						state, err := rdb.Get(ctx, k).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if !earlier.MatchString(state) {
+							t.Fatalf("call %d: key %q holds %q, which earlier versions do not read", i, k, state)
+						}
+						states[state] = true
+					}
+				}
+				if len(states) < 40 {
+					t.Fatalf("%d states seen: the timeline tests too little", len(states))
+				}
+			})
+		}
 	}
 }
 

@@ -210,6 +210,10 @@ func (s *cgServer) stop() {
 	s.rdb.Close()
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
+	if os.Getenv("SLUICE_CALLGRIND_KEEP") != "" {
+		fmt.Fprintf(os.Stderr, "callgrind: output kept in %s (SLUICE_CALLGRIND_KEEP)\n", s.dir)
+		return
+	}
 	os.RemoveAll(s.dir)
 }
 

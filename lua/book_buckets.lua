@@ -1,0 +1,88 @@
+-- book_buckets: book.lua's book on two buckets in one slot with
+-- nothing else asked (no ID, nothing to give back, no replaced limit, no
+-- recent throttles, no fair share, no remind, not exact), which is a
+-- drain's and a quota's booking: bucket.lua's quick steps for each claim,
+-- and book.lua itself (book()) when any state is not one they read. A
+-- function of the library only (lua.go): scripts run book.lua.
+--
+-- KEYS[1], KEYS[2] -> the claims' state keys (aux keys: KEYS[i] .. ':b')
+-- ARGV[1] -> now in µs, or '' to read Redis TIME
+-- ARGV[2..4], ARGV[5..7] -> claim 1's and claim 2's period/g, and burst
+--            and n in units of 1/(limit/g) µs, g = gcd(limit, period)
+-- ARGV[8] -> TTL slack (µs), added to every TTL
+-- ARGV[9] -> the longest wait (µs); 0 counts now or never
+-- ARGV[10] -> not before (µs)
+-- ARGV[11], ARGV[12] -> claim 1's and claim 2's limit/g
+--            (ARGV[8..12] left out from the first on that all are 0, or 1
+--            for limit/g)
+-- Output  -> book.lua's; a booking's claims without retry_after (0) and
+--            with their pieces as three integers each, ref, from and to,
+--            not one string: {1, now, at, then per claim remaining,
+--            reset_after, ref, from, to}
+--
+-- Two claims in locals, not a table each: reading a table's fields cost
+-- more than the rest of the decision.
+
+local BOOK_PASSES = 16 -- book.lua's MAX_PASSES
+local now = clock()
+local pe1, w1, n1 = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
+local pe2, w2, n2 = ARGV[5] + 0, ARGV[6] + 0, ARGV[7] + 0
+local slack, max_wait, start, pm1, pm2 = 0, 0, now, 1, 1
+if ARGV[8] then
+  slack = ARGV[8] + 0
+  if ARGV[9] then
+    max_wait = ARGV[9] + 0
+    if ARGV[10] then
+      if ARGV[10] + 0 > now then start = ARGV[10] + 0 end
+      if ARGV[11] then pm1, pm2 = ARGV[11] + 0, ARGV[12] + 0 end
+    end
+  end
+end
+
+local r1, s1, e1, c1, h1, m1, st1 = bucket_read(KEYS[1], now, pm1)
+if not r1 then return book_buckets_slow(now, start, max_wait, slack, {pe1, w1, n1, pm1}, {pe2, w2, n2, pm2}) end
+local r2, s2, e2, c2, h2, m2, st2 = bucket_read(KEYS[2], now, pm2)
+if not r2 then return book_buckets_slow(now, start, max_wait, slack, {pe1, w1, n1, pm1}, {pe2, w2, n2, pm2}) end
+
+-- As book.lua: each claim alone, then the earliest instant at which both fit.
+local own1, own2 = start, start
+if start - now <= max_wait then
+  if c1 == 1 then own1 = bucket_earliest(r1, s1, e1, c1, pm1, w1, n1, start) end
+  if c2 == 1 then own2 = bucket_earliest(r2, s2, e2, c2, pm2, w2, n2, start) end
+end
+local at = math.max(own1, own2)
+-- Where both own turns are one instant, it is the turn (each claim's
+-- earliest from its own turn is that turn).
+local settled, pass = own1 == own2, 0
+while not settled and pass < BOOK_PASSES and at - now <= max_wait do
+  local next_ = bucket_earliest(r1, s1, e1, c1, pm1, w1, n1, at)
+  if next_ - now <= max_wait then next_ = bucket_earliest(r2, s2, e2, c2, pm2, w2, n2, next_) end
+  if next_ == at then
+    settled = true
+    break
+  end
+  at, pass = next_, pass + 1
+end
+
+if not settled or at - now > max_wait then
+  local room1, room2 = 0, 0
+  if start == now then
+    room1 = bucket_room(r1, s1, e1, c1, pm1, pe1, w1, now)
+    room2 = bucket_room(r2, s2, e2, c2, pm2, pe2, w2, now)
+  end
+  bucket_trimmed(KEYS[1], r1, c1, st1, slack)
+  bucket_trimmed(KEYS[2], r2, c2, st2, slack)
+  return {0, now, at, room1, own1 - now, math.max(start - now, bucket_reset(r1, e1, c1, pm1, now)), '',
+    room2, own2 - now, math.max(start - now, bucket_reset(r2, e2, c2, pm2, now)), ''}
+end
+-- Booked past the one span's end or before its start: two spans.
+local y1, y2 = (at - r1) * pm1, (at - r2) * pm2
+if c1 == 1 and (y1 < s1 or y1 > e1) or c2 == 1 and (y2 < s2 or y2 > e2) then return book_buckets_slow(now, start, max_wait, slack, {pe1, w1, n1, pm1}, {pe2, w2, n2, pm2}) end
+local from1, from2 = y1, y2
+if c1 == 1 then from1 = e1 end
+if c2 == 1 then from2 = e2 end
+s1, e1 = bucket_write(KEYS[1], r1, s1, e1, c1, h1, m1, pm1, n1, y1, now, slack, ARGV[1], ARGV[4])
+s2, e2 = bucket_write(KEYS[2], r2, s2, e2, c2, h2, m2, pm2, n2, y2, now, slack, ARGV[1], ARGV[7])
+return {1, now, at,
+  bucket_room(r1, s1, e1, 1, pm1, pe1, w1, at), at - now + ceildiv(e1 - y1, pm1), r1, from1, e1,
+  bucket_room(r2, s2, e2, 1, pm2, pe2, w2, at), at - now + ceildiv(e2 - y2, pm2), r2, from2, e2}
