@@ -642,7 +642,9 @@ func (w *limitsWatch) run(ctx context.Context) {
 func (w *limitsWatch) read(ctx context.Context) {
 	var version *redis.StringCmd
 	var all *redis.MapStringStringCmd
-	_, err := w.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	// One trip, no transaction: the version is read first, so a change
+	// made between the two is read again at the next reread.
+	_, err := w.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		version = p.Get(ctx, limitsVersionKey)
 		all = p.HGetAll(ctx, runtimeLimitsKey)
 		return nil
