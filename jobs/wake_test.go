@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -307,12 +308,19 @@ func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next
 
 func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		// An EVALSHA refused NOSCRIPT (another package's tests flush the
+		// shared server's scripts) is sent again as EVAL: one run, counted
+		// once.
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			return err
+		}
 		name := cmd.Name()
 		if c.command != "" && name == c.command ||
 			c.command == "" && (name == "evalsha" || name == "eval") && slices.Contains(cmd.Args(), any(c.op)) {
 			c.count.Add(1)
 		}
-		return next(ctx, cmd)
+		return err
 	}
 }
 
