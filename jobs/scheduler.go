@@ -86,8 +86,9 @@ type Scheduler struct {
 	// holds applyMu, so that a file's change and a runtime one do not
 	// cross.
 	applyMu sync.Mutex
-	file    Config
-	runtime []RuntimeLimit
+	file       Config
+	runtime    []RuntimeLimit
+	runtimeSig string // runtimeSignature of runtime when it was put in force
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -129,7 +130,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	if rl, err := LoadRuntimeLimits(ctx, rdb); err != nil {
 		log.Warn("cannot read the runtime limits; the file's are in force until they are read", "err", err)
 	} else {
-		s.runtime = rl
+		s.runtime, s.runtimeSig = rl, runtimeSignature(rl, s.clock.Now())
 		cfg = s.merged(cfg)
 		s.countRuntime()
 	}
@@ -207,7 +208,14 @@ func (s *Scheduler) Apply(cfg Config) error {
 func (s *Scheduler) applyRuntime(rl []RuntimeLimit) {
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	s.runtime = rl
+	// The fleet is told of every change, any gate's, and reads them all
+	// again on each subscription: a gate set built anew for the same
+	// limits would drop the turns its pools had leased.
+	sig := runtimeSignature(rl, s.clock.Now())
+	if sig == s.runtimeSig {
+		return
+	}
+	s.runtime, s.runtimeSig = rl, sig
 	if err := s.putInForce(s.merged(s.file)); err != nil {
 		s.log.Error("cannot put the runtime limits in force; the limits in force stay", "err", err)
 		return
