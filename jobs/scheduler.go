@@ -85,7 +85,7 @@ type Scheduler struct {
 	// The config in force is file with runtime merged onto it; applying
 	// holds applyMu, so that a file's change and a runtime one do not
 	// cross.
-	applyMu sync.Mutex
+	applyMu    sync.Mutex
 	file       Config
 	runtime    []RuntimeLimit
 	runtimeSig string // runtimeSignature of runtime when it was put in force
