@@ -286,20 +286,6 @@ func (r RuntimeLimit) mark(at time.Time) RuntimeLimit {
 // a state whose turns were given up.
 const keepMarks = maxReserve + time.Hour
 
-// runtimeSignature is what of rl is in force at now, as one string: the
-// same limits give the same signature (rl is sorted).
-func runtimeSignature(rl []RuntimeLimit, now time.Time) string {
-	var b strings.Builder
-	for _, r := range rl {
-		b.WriteString(mustJSON(r))
-		if r.lapsed(now) {
-			b.WriteString(" lapsed")
-		}
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
-
 // nextLapse is the earliest Until after now among rl, or the zero Time.
 func nextLapse(rl []RuntimeLimit, now time.Time) time.Time {
 	var next time.Time

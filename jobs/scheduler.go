@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,7 +131,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	if rl, err := LoadRuntimeLimits(ctx, rdb); err != nil {
 		log.Warn("cannot read the runtime limits; the file's are in force until they are read", "err", err)
 	} else {
-		s.runtime, s.runtimeSig = rl, runtimeSignature(rl, s.clock.Now())
+		s.runtime, s.runtimeSig = rl, s.runtimeSignature(rl)
 		cfg = s.merged(cfg)
 		s.countRuntime()
 	}
@@ -201,7 +202,27 @@ func (s *Scheduler) Apply(cfg Config) error {
 		return err
 	}
 	s.file = cfg
+	s.runtimeSig = s.runtimeSignature(s.runtime)
 	return nil
+}
+
+// runtimeSignature is what of rl is in force now on the file's gates, as
+// one string: changes to other gates (another fleet's, on the same Redis)
+// leave it as it is.
+func (s *Scheduler) runtimeSignature(rl []RuntimeLimit) string {
+	now := s.clock.Now()
+	var b strings.Builder
+	for _, r := range rl {
+		if s.file.limitOf(r.Gate) == nil {
+			continue
+		}
+		b.WriteString(mustJSON(r))
+		if r.lapsed(now) {
+			b.WriteString(" lapsed")
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 // applyRuntime puts the runtime limits rl in force, merged onto the file.
@@ -211,7 +232,7 @@ func (s *Scheduler) applyRuntime(rl []RuntimeLimit) {
 	// The fleet is told of every change, any gate's, and reads them all
 	// again on each subscription: a gate set built anew for the same
 	// limits would drop the turns its pools had leased.
-	sig := runtimeSignature(rl, s.clock.Now())
+	sig := s.runtimeSignature(rl)
 	if sig == s.runtimeSig {
 		return
 	}
