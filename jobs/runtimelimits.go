@@ -196,6 +196,16 @@ func (ch LimitChange) check(file Config, resetting bool) error {
 	return nil
 }
 
+// storedKey is key value v of gate as the runtime limits keep it: as its
+// limit keeps it (hashed with hash_keys, so that a token set live is in
+// no Redis key, field or history entry either).
+func (c Config) storedKey(gate GateName, v string) string {
+	if l := c.limitOf(gate); l != nil && v != "" {
+		return l.storedKey(v)
+	}
+	return v
+}
+
 // field is the hash field of an override of gate (and key value).
 func runtimeField(gate GateName, key string) string { return gate.String() + "\x00" + key }
 
@@ -381,7 +391,7 @@ func setLimits(ctx context.Context, rdb redis.UniversalClient, file Config, chs 
 	}
 	set := make([]RuntimeLimit, len(chs))
 	for i, ch := range chs {
-		r := RuntimeLimit{Gate: ch.Gate, Key: ch.Key, Algorithm: ch.Algorithm, Limit: ch.Limit, Period: ch.Period, Burst: ch.Burst, By: ch.By, Reason: ch.Reason, At: now}
+		r := RuntimeLimit{Gate: ch.Gate, Key: file.storedKey(ch.Gate, ch.Key), Algorithm: ch.Algorithm, Limit: ch.Limit, Period: ch.Period, Burst: ch.Burst, By: ch.By, Reason: ch.Reason, At: now}
 		if ch.For > 0 {
 			r.Until = now.Add(ch.For)
 		}
@@ -446,6 +456,7 @@ func ResetLimit(ctx context.Context, rdb redis.UniversalClient, file Config, gat
 	if err := ch.check(file, true); err != nil {
 		return false, err
 	}
+	key = file.storedKey(gate, key)
 	now, err := rdb.Time(ctx).Result()
 	if err != nil {
 		return false, fmt.Errorf("jobs: reading Redis's clock: %w", err)

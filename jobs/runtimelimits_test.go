@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -195,5 +196,38 @@ func TestImportLimits(t *testing.T) {
 	history, _ := LimitHistory(ctx, rdb, gate, 10)
 	if len(history) != 1 || history[0].Action != "import" || history[0].Count != 3 {
 		t.Fatalf("history %+v, want one import of 3", history)
+	}
+}
+
+// TestRuntimeLimitHashedKey: on a limit with hash_keys, a key value set
+// live (an API token) is kept by its hash: in no Redis key, field or
+// value, and in force all the same; reset finds it by its value.
+func TestRuntimeLimitHashedKey(t *testing.T) {
+	rdb := runtimeRedis(t, false)
+	ctx := context.Background()
+	file := runtimeConfig("q", "api")
+	l := file.Quotas["api"]
+	l.HashKeys = true
+	file.Quotas["api"] = l
+	const token = "tok-very-secret"
+	gate := GateName{QuotaGate, "api"}
+	if _, err := SetLimit(ctx, rdb, file, LimitChange{Gate: gate, Key: token, Limit: 9, By: "ops", Reason: "raise"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range rdb.Keys(ctx, "*").Val() {
+		dump := key + fmt.Sprint(rdb.HGetAll(ctx, key).Val()) + fmt.Sprint(rdb.LRange(ctx, key, 0, -1).Val())
+		if strings.Contains(dump, token) {
+			t.Errorf("Redis key %s holds the token: %s", key, dump)
+		}
+	}
+	rl, err := LoadRuntimeLimits(ctx, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := file.WithRuntimeLimits(rl, time.Now()).Quotas["api"].Overrides[hashedKey(token)].Limit; got != 9 {
+		t.Fatalf("the token's limit in force: %d, want 9", got)
+	}
+	if had, err := ResetLimit(ctx, rdb, file, gate, token, "ops", "done"); err != nil || !had {
+		t.Fatalf("reset by the token's value: %v, %v; want it found", had, err)
 	}
 }
