@@ -198,6 +198,9 @@ func (f *fairGate) lead() time.Duration {
 	return min(fairLead, (f.period+time.Duration(f.limit)-1)/time.Duration(f.limit))
 }
 
+// linedKeys is the key of the set of key values with tasks in line.
+func (f *fairGate) linedKeys() string { return f.keys[3] }
+
 // wakeArgs are the extra keys and arguments of the waker's look at a fair
 // queue: it lets tasks out of the lines.
 func (f *fairGate) wakeArgs() ([]string, []any) {

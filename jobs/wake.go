@@ -89,21 +89,36 @@ func (w *waker) lookSooner(queue string, wait time.Duration) {
 }
 
 // run moves the tasks due back to pending, in every queue whose waker
-// this worker is, until ctx ends; then it resigns.
+// this worker is, until ctx ends; then it resigns. Each queue is looked at
+// on its own schedule: every wakeEvery (or sooner, see wakeQueue) where
+// this worker is the waker, every wakeWatch where another is.
 func (w *waker) run(ctx context.Context) {
+	looks := map[string]*wakeLook{}
 	for {
-		idle, waker := wakeLease, map[string]bool{}
-		for queue := range w.gates().cfg.Queues {
-			d, ok := w.wakeQueue(ctx, queue)
-			idle, waker[queue] = min(idle, d), ok
-		}
-		next := w.clock.Now().Add(idle)
-		for queue, ok := range waker {
-			if ok {
-				w.wakerOf.Store(queue, next)
-			} else {
+		queues := w.gates().cfg.Queues
+		for queue := range looks {
+			if _, ok := queues[queue]; !ok {
+				delete(looks, queue)
 				w.wakerOf.Delete(queue)
 			}
+		}
+		soonest := w.clock.Now().Add(wakeLease)
+		for queue := range queues {
+			l := looks[queue]
+			if l == nil {
+				l = &wakeLook{}
+				looks[queue] = l
+			}
+			if !w.clock.Now().Before(l.next) {
+				d := w.look(ctx, queue, l)
+				l.next = w.clock.Now().Add(d)
+				if l.held {
+					w.wakerOf.Store(queue, l.next)
+				} else {
+					w.wakerOf.Delete(queue)
+				}
+			}
+			soonest = earliest(soonest, l.next)
 		}
 		select {
 		case <-ctx.Done():
@@ -114,9 +129,100 @@ func (w *waker) run(ctx context.Context) {
 			}
 			return
 		case <-w.lookNow:
-		case <-w.clock.After(idle):
+			for _, l := range looks {
+				if l.held {
+					l.next = time.Time{}
+				}
+			}
+		case <-w.clock.After(max(soonest.Sub(w.clock.Now()), 0)):
 		}
 	}
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// wakeLook is what this worker knows of one queue's waker between looks.
+type wakeLook struct {
+	next  time.Time // when to look again
+	held  bool      // this worker is the waker
+	renew time.Time // while held: when to renew the lease (at half its life)
+}
+
+// look looks at queue's wake set if this worker is its waker (or may
+// become it) and returns how soon to look again. Most looks find nothing
+// to do, in a fleet that idles or a queue whose tasks wait far ahead: they
+// cost a plain command or two, not a script run. The waker runs the take
+// script only when a task is due within wakeEvery (and the clocks' skew)
+// or a fair line waits, and renews its lease with PEXPIRE at half its
+// life; the others ask the lease's PTTL, and try to take it only once it
+// has lapsed or the waker resigned.
+func (w *waker) look(ctx context.Context, queue string, l *wakeLook) time.Duration {
+	if l.held {
+		switch idle, err := w.nothingDue(ctx, queue); {
+		case err != nil || !idle:
+		case w.clock.Now().Before(l.renew):
+			return wakeEvery
+		default:
+			if w.renewLease(ctx, queue) {
+				l.renew = w.clock.Now().Add(wakeLease / 2)
+				return wakeEvery
+			}
+		}
+	} else if until, err := w.rdb.PTTL(ctx, wakeKeys(queue)[1]).Result(); err == nil && until > 0 {
+		return min(until+time.Millisecond, wakeWatch) // another worker's lease
+	}
+	d, held := w.wakeQueue(ctx, queue)
+	if l.held = held; held {
+		l.renew = w.clock.Now().Add(wakeLease / 2) // a take renews the lease
+	}
+	return d
+}
+
+// wakeSkew is how far a worker's clock may be behind Redis's before the
+// waker's plain looks (nothingDue) see a task due a little late: by at
+// most the difference beyond wakeSkew.
+const wakeSkew = 250 * time.Millisecond
+
+// nothingDue reports whether queue's wake set has no task due within
+// wakeEvery (on this worker's clock, with wakeSkew to spare) and, for a
+// fair queue, no task waits in a line: one trip, two plain commands.
+func (w *waker) nothingDue(ctx context.Context, queue string) (bool, error) {
+	pipe := w.rdb.Pipeline()
+	first := pipe.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, 0)
+	var lined *redis.IntCmd
+	if f := w.gates().fair[queue]; f != nil {
+		lined = pipe.ZCard(ctx, f.linedKeys())
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return false, err
+	}
+	if lined != nil && lined.Val() > 0 {
+		return false, nil
+	}
+	due := first.Val()
+	horizon := w.clock.Now().Add(wakeEvery + wakeSkew).UnixMicro()
+	return len(due) == 0 || due[0].Score > float64(horizon), nil
+}
+
+// renewLease extends this worker's lease as queue's waker by wakeLease, if
+// it still holds it: false if it does not (it lapsed or Redis lost it),
+// and the next look runs the take script. GET and PEXPIRE are two trips,
+// not one script: between them the lease, renewed at half its life, has
+// half a second left, and should it lapse and pass to another worker in
+// between, the PEXPIRE only lengthens the other's lease.
+func (w *waker) renewLease(ctx context.Context, queue string) bool {
+	key := wakeKeys(queue)[1]
+	holder, err := w.rdb.Get(ctx, key).Result()
+	if err != nil || holder != w.worker {
+		return false
+	}
+	ok, err := w.rdb.PExpire(ctx, key, wakeLease).Result()
+	return err == nil && ok
 }
 
 // wakeQueue moves queue's tasks that are due (or nearly) to pending, if

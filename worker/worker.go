@@ -164,10 +164,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	rdb := w.file.Redis.Client()
 	defer rdb.Close()
-	// asynq's own client, with keepEnds: asynq closes no client it is given.
+	// asynq's own client, with keepEnds (asynq closes no client it is
+	// given) and jobs.EmptyPolls (an idle queue's polls run no script).
 	asynqRDB := w.file.Redis.Client()
 	defer asynqRDB.Close()
 	asynqRDB.AddHook(keepEnds{})
+	asynqRDB.AddHook(jobs.EmptyPolls{})
 	if err := checkRedis(ctx, w.file.Redis, rdb, log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}

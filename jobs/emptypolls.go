@@ -1,0 +1,122 @@
+package jobs
+
+import (
+	"context"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// EmptyPolls is a go-redis hook for the client an asynq server runs on:
+// it answers asynq's polls of an empty queue with a plain command instead
+// of a script run. An idle asynq worker polls each of its queues about ten
+// times a second (sluice sets asynq's TaskCheckInterval to 100ms so that a
+// task comes soon after it is due) and looks at each queue's scheduled and
+// retry sets every second; each poll runs a script (EVALSHA and two or
+// three commands inside it) even when there is nothing to take. With the
+// hook, a dequeue first asks LLEN of the queue's pending list and a
+// forward ZCOUNT of the set's due tasks, and runs asynq's script only when
+// there is something to do: its answer, and asynq's behaviour, are those
+// of the script on an empty queue or set. A task that lands between the
+// look and the script is taken by the next poll, as it would be if it had
+// landed just after the script.
+//
+// The hook knows asynq v0.26's dequeue and forward scripts by their keys
+// (asynqlayout.go; TestEmptyPolls pins them against the asynq of go.mod);
+// any other command goes through untouched.
+type EmptyPolls struct{}
+
+func (EmptyPolls) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (EmptyPolls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		look, answer := emptyLook(ctx, cmd)
+		if look == nil {
+			return next(ctx, cmd)
+		}
+		// A failed look says nothing: the script runs and reports.
+		if err := next(ctx, look); err != nil || look.Val() > 0 {
+			return next(ctx, cmd)
+		}
+		return answer()
+	}
+}
+
+func (EmptyPolls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next // asynq polls one command at a time
+}
+
+// emptyLook is the plain command that tells whether asynq's script cmd
+// has anything to do (nothing when it returns 0), and how to answer for
+// the script when it has not; nil if cmd is not a poll.
+func emptyLook(ctx context.Context, cmd redis.Cmder) (*redis.IntCmd, func() error) {
+	keys, argv := scriptCall(cmd)
+	switch {
+	case isDequeue(keys):
+		// The script returns nil when the queue is empty (or paused).
+		return redis.NewIntCmd(ctx, "llen", keys[0]), func() error { return redis.Nil }
+	case isForward(keys) && len(argv) > 0:
+		// The script moves the tasks due by argv[0] (unix seconds) and
+		// returns how many: 0.
+		script, ok := cmd.(*redis.Cmd)
+		if !ok {
+			return nil, nil
+		}
+		return redis.NewIntCmd(ctx, "zcount", keys[0], "-inf", argv[0]), func() error {
+			script.SetVal(int64(0))
+			return nil
+		}
+	}
+	return nil, nil
+}
+
+// scriptCall is an EVALSHA or EVAL command's keys and arguments, as
+// go-redis lays them out: name, script or SHA, number of keys, keys, args.
+func scriptCall(cmd redis.Cmder) (keys []string, argv []any) {
+	if name := cmd.Name(); name != "evalsha" && name != "eval" {
+		return nil, nil
+	}
+	args := cmd.Args()
+	if len(args) < 3 {
+		return nil, nil
+	}
+	n, ok := args[2].(int)
+	if !ok || n < 0 || 3+n > len(args) {
+		return nil, nil
+	}
+	keys = make([]string, n)
+	for i := range n {
+		if keys[i], ok = args[3+i].(string); !ok {
+			return nil, nil
+		}
+	}
+	return keys, args[3+n:]
+}
+
+// isDequeue: asynq's dequeue script's keys are the queue's pending list,
+// paused flag, active list and lease set.
+func isDequeue(keys []string) bool {
+	return len(keys) == 4 && sameQueue(keys, "pending", "paused", "active", "lease")
+}
+
+// isForward: asynq's forward script's keys are the queue's scheduled or
+// retry set and its pending list.
+func isForward(keys []string) bool {
+	return len(keys) == 2 && (sameQueue(keys, "scheduled", "pending") || sameQueue(keys, "retry", "pending"))
+}
+
+// sameQueue reports whether keys are, in order, one queue's asynq keys
+// named names.
+func sameQueue(keys []string, names ...string) bool {
+	queue, ok := strings.CutSuffix(keys[0], "}:"+names[0])
+	if !ok || !strings.HasPrefix(queue, "asynq:{") {
+		return false
+	}
+	queue = strings.TrimPrefix(queue, "asynq:{")
+	for i, name := range names {
+		if keys[i] != asynqKeys(queue)+name {
+			return false
+		}
+	}
+	return true
+}
