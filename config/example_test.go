@@ -48,7 +48,8 @@ queues:
 // Sluice's gates added to a program that already runs its own asynq.Server
 // and ServeMux: load the config, make a jobs.Scheduler, put its Middleware
 // on the mux and build the server from its AsynqConfig (queues, priorities,
-// and the hooks that keep a waiting task from being counted as failed).
+// and the hooks that keep a waiting task from being counted as failed), on
+// a client with the jobs.EmptyPolls hook.
 // Producers stay plain asynq clients.
 func Example_asynqServer() {
 	// An in-process Redis stands in for yours, so that the example runs anywhere.
@@ -90,7 +91,10 @@ tasks:
 		sent <- string(t.Payload())
 		return nil
 	})
-	srv := asynq.NewServer(file.Redis.AsynqOpt(), sched.AsynqConfig())
+	asynqRDB := file.Redis.Client()
+	defer asynqRDB.Close()
+	asynqRDB.AddHook(jobs.EmptyPolls{}) // asynq's polls of an empty queue run no script
+	srv := asynq.NewServerFromRedisClient(asynqRDB, sched.AsynqConfig())
 	if err := srv.Start(mux); err != nil {
 		log.Fatal(err)
 	}

@@ -12,7 +12,9 @@
 // never a failure: no retry is counted and no task is archived for it.
 //
 //	sched, err := jobs.NewScheduler(rdb, asynqRedis, cfg, jobs.NewMetrics(reg), log)
-//	srv := asynq.NewServer(asynqRedis, sched.AsynqConfig())
+//	asynqRDB := redis.NewClient(opts) // asynq's own client
+//	asynqRDB.AddHook(jobs.EmptyPolls{}) // an idle queue's polls run no script
+//	srv := asynq.NewServerFromRedisClient(asynqRDB, sched.AsynqConfig())
 //	mux := asynq.NewServeMux()
 //	mux.Use(sched.Middleware)
 //	allow, err := jobs.ParseAllowList(cfg.HTTP.Allow)
