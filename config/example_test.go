@@ -93,7 +93,7 @@ tasks:
 	})
 	asynqRDB := file.Redis.Client()
 	defer asynqRDB.Close()
-	asynqRDB.AddHook(jobs.EmptyPolls{}) // asynq's polls of an empty queue run no script
+	asynqRDB.AddHook(&jobs.EmptyPolls{}) // asynq's polls of an empty queue run no script
 	srv := asynq.NewServerFromRedisClient(asynqRDB, sched.AsynqConfig())
 	if err := srv.Start(mux); err != nil {
 		log.Fatal(err)

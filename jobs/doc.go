@@ -13,7 +13,7 @@
 //
 //	sched, err := jobs.NewScheduler(rdb, asynqRedis, cfg, jobs.NewMetrics(reg), log)
 //	asynqRDB := redis.NewClient(opts) // asynq's own client
-//	asynqRDB.AddHook(jobs.EmptyPolls{}) // an idle queue's polls run no script
+//	asynqRDB.AddHook(&jobs.EmptyPolls{}) // an idle queue's polls run no script
 //	srv := asynq.NewServerFromRedisClient(asynqRDB, sched.AsynqConfig())
 //	mux := asynq.NewServeMux()
 //	mux.Use(sched.Middleware)

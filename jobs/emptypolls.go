@@ -3,6 +3,7 @@ package jobs
 import (
 	"context"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -14,60 +15,61 @@ import (
 // task comes soon after it is due) and looks at each queue's scheduled and
 // retry sets every second; each poll runs a script (EVALSHA and two or
 // three commands inside it) even when there is nothing to take. With the
-// hook, a dequeue first asks LLEN of the queue's pending list and a
-// forward ZCOUNT of the set's due tasks, and runs asynq's script only when
-// there is something to do: its answer, and asynq's behaviour, are those
-// of the script on an empty queue or set. A task that lands between the
-// look and the script is taken by the next poll, as it would be if it had
-// landed just after the script.
+// hook, a dequeue first asks LLEN of the queue's pending list, unless the
+// last dequeue of the queue took a task, and a forward asks ZCOUNT of the
+// set's due tasks; asynq's script runs only when there is something to
+// do. Its answer otherwise, and asynq's behaviour, are those of the script
+// on an empty queue or set. A task that lands between the look and the
+// script is taken by the next poll, as it would be if it had landed just
+// after the script.
 //
 // The hook knows asynq v0.26's dequeue and forward scripts by their keys
 // (asynqlayout.go; TestEmptyPolls pins them against the asynq of go.mod);
-// any other command goes through untouched.
-type EmptyPolls struct{}
+// any other command goes through untouched. Use one per client:
+//
+//	asynqRDB.AddHook(&jobs.EmptyPolls{})
+type EmptyPolls struct {
+	taking sync.Map // pending list key -> struct{}: the queue's last dequeue took a task
+}
 
-func (EmptyPolls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (*EmptyPolls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (EmptyPolls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (e *EmptyPolls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		look, answer := emptyLook(ctx, cmd)
-		if look == nil {
-			return next(ctx, cmd)
+		keys, argv := scriptCall(cmd)
+		switch {
+		case isDequeue(keys):
+			pending := keys[0]
+			if _, ok := e.taking.Load(pending); !ok && isEmpty(ctx, next, redis.NewIntCmd(ctx, "llen", pending)) {
+				return redis.Nil // the script's answer on an empty queue
+			}
+			err := next(ctx, cmd)
+			if err == nil {
+				e.taking.Store(pending, struct{}{})
+			} else {
+				e.taking.Delete(pending)
+			}
+			return err
+		case isForward(keys) && len(argv) > 0:
+			// The script moves the tasks due by argv[0] (unix seconds)
+			// and returns how many.
+			if script, ok := cmd.(*redis.Cmd); ok && isEmpty(ctx, next, redis.NewIntCmd(ctx, "zcount", keys[0], "-inf", argv[0])) {
+				script.SetVal(int64(0))
+				return nil
+			}
 		}
-		// A failed look says nothing: the script runs and reports.
-		if err := next(ctx, look); err != nil || look.Val() > 0 {
-			return next(ctx, cmd)
-		}
-		return answer()
+		return next(ctx, cmd)
 	}
 }
 
-func (EmptyPolls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (*EmptyPolls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next // asynq polls one command at a time
 }
 
-// emptyLook is the plain command that tells whether asynq's script cmd
-// has anything to do (nothing when it returns 0), and how to answer for
-// the script when it has not; nil if cmd is not a poll.
-func emptyLook(ctx context.Context, cmd redis.Cmder) (*redis.IntCmd, func() error) {
-	keys, argv := scriptCall(cmd)
-	switch {
-	case isDequeue(keys):
-		// The script returns nil when the queue is empty (or paused).
-		return redis.NewIntCmd(ctx, "llen", keys[0]), func() error { return redis.Nil }
-	case isForward(keys) && len(argv) > 0:
-		// The script moves the tasks due by argv[0] (unix seconds) and
-		// returns how many: 0.
-		script, ok := cmd.(*redis.Cmd)
-		if !ok {
-			return nil, nil
-		}
-		return redis.NewIntCmd(ctx, "zcount", keys[0], "-inf", argv[0]), func() error {
-			script.SetVal(int64(0))
-			return nil
-		}
-	}
-	return nil, nil
+// isEmpty runs look, a count, and reports whether it found none. A failed
+// look says nothing: the script runs and reports.
+func isEmpty(ctx context.Context, next redis.ProcessHook, look *redis.IntCmd) bool {
+	return next(ctx, look) == nil && look.Val() == 0
 }
 
 // scriptCall is an EVALSHA or EVAL command's keys and arguments, as

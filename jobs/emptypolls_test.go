@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,7 +25,7 @@ func TestEmptyPolls(t *testing.T) {
 	queue := redistest.Queue(t, "q")
 	rdb := redistest.Client(t)
 	polls, looks := &pollScripts{}, &scriptCalls{command: "llen"}
-	rdb.AddHook(EmptyPolls{})
+	rdb.AddHook(&EmptyPolls{})
 	rdb.AddHook(polls) // after EmptyPolls: they count what reaches Redis
 	rdb.AddHook(looks)
 
@@ -67,6 +68,34 @@ func TestEmptyPolls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A queue with tasks is polled by the script alone: after a dequeue
+	// that took a task, the next goes straight to it.
+	const batch = 40
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	if err := inspector.PauseQueue(queue); err != nil {
+		t.Fatal(err)
+	}
+	for i := range batch {
+		enqueue(fmt.Sprint("batch-", i))
+	}
+	before := looks.count.Load()
+	if err := inspector.UnpauseQueue(queue); err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, "the batch to run", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for i := range batch {
+			n += ran[fmt.Sprint("batch-", i)]
+		}
+		return n == batch
+	})
+	if n := looks.count.Load() - before; n > batch/4 {
+		t.Errorf("%d tasks taken from a full queue with %d LLEN polls, want at most %d: a dequeue after one that took a task needs no look", batch, n, batch/4)
+	}
+
 	enqueue("pending")
 	enqueue("scheduled", asynq.ProcessIn(1500*time.Millisecond))
 	enqueue("retried")
@@ -76,8 +105,6 @@ func TestEmptyPolls(t *testing.T) {
 		return ran["pending"] == 1 && ran["scheduled"] == 1 && ran["retried"] == 2
 	})
 
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer inspector.Close()
 	if err := inspector.PauseQueue(queue); err != nil {
 		t.Fatal(err)
 	}

@@ -169,7 +169,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	asynqRDB := w.file.Redis.Client()
 	defer asynqRDB.Close()
 	asynqRDB.AddHook(keepEnds{})
-	asynqRDB.AddHook(jobs.EmptyPolls{})
+	asynqRDB.AddHook(&jobs.EmptyPolls{})
 	if err := checkRedis(ctx, w.file.Redis, rdb, log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}

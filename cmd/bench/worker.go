@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -339,13 +341,35 @@ func counterSum(reg *prometheus.Registry, name, label, value string) (float64, e
 // were script runs, and the CPU time it and this process have used.
 type commandCount struct {
 	all, scripts int64
+	byName       map[string]int64 // calls by command name
 	cpu          time.Duration
+}
+
+// perTask is what the commands of count less those of before came to per
+// task, by command name, most first: "name n.n, ...".
+func (count commandCount) perTask(before commandCount, tasks int) string {
+	type row struct {
+		name string
+		n    int64
+	}
+	var rows []row
+	for name, n := range count.byName {
+		if d := n - before.byName[name]; d > 0 {
+			rows = append(rows, row{name, d})
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.n, a.n) })
+	var out []string
+	for _, r := range rows {
+		out = append(out, fmt.Sprintf("%s %.2f", r.name, float64(r.n)/float64(max(tasks, 1))))
+	}
+	return strings.Join(out, ", ")
 }
 
 // commandsRun counts the commands the server has run, from INFO
 // commandstats, and the CPU time used so far (INFO cpu and getrusage).
 func commandsRun(ctx context.Context, rdb *redis.Client) (commandCount, error) {
-	var count commandCount
+	count := commandCount{byName: map[string]int64{}}
 	var self syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
 		return count, fmt.Errorf("getrusage: %w", err)
@@ -376,6 +400,7 @@ func commandsRun(ctx context.Context, rdb *redis.Client) (commandCount, error) {
 			return count, fmt.Errorf("INFO commandstats: %q: %w", line, err)
 		}
 		count.all += n
+		count.byName[strings.TrimPrefix(name, "cmdstat_")] = n
 		if name == "cmdstat_evalsha" || name == "cmdstat_eval" || name == "cmdstat_fcall" {
 			count.scripts += n
 		}
