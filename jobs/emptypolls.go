@@ -15,10 +15,13 @@ import (
 // task comes soon after it is due) and looks at each queue's scheduled and
 // retry sets every second; each poll runs a script (EVALSHA and two or
 // three commands inside it) even when there is nothing to take. With the
-// hook, a dequeue first asks LLEN of the queue's pending list, unless the
-// last dequeue of the queue took a task, and a forward asks ZCOUNT of the
-// set's due tasks; asynq's script runs only when there is something to
-// do. Its answer otherwise, and asynq's behaviour, are those of the script
+// hook, a dequeue first asks LLEN of the queue's pending list, and a
+// forward ZCOUNT of the set's due tasks; asynq's script runs only when
+// there is something to do. A dequeue that found n tasks pending lets the
+// next n-1 dequeues of the queue go straight to the script (until one
+// finds it empty, as when other workers took them): a deep queue is not
+// asked its length for every task, and a queue whose tasks come one at a
+// time does not pay an empty script run after each. Its answer otherwise, and asynq's behaviour, are those of the script
 // on an empty queue or set. A task that lands between the look and the
 // script is taken by the next poll, as it would be if it had landed just
 // after the script.
@@ -29,7 +32,8 @@ import (
 //
 //	asynqRDB.AddHook(&jobs.EmptyPolls{})
 type EmptyPolls struct {
-	taking sync.Map // pending list key -> struct{}: the queue's last dequeue took a task
+	mu      sync.Mutex
+	pending map[string]int64 // pending list key -> dequeues that may skip the look
 }
 
 func (*EmptyPolls) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -39,15 +43,16 @@ func (e *EmptyPolls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		keys, argv := scriptCall(cmd)
 		switch {
 		case isDequeue(keys):
-			pending := keys[0]
-			if _, ok := e.taking.Load(pending); !ok && isEmpty(ctx, next, redis.NewIntCmd(ctx, "llen", pending)) {
-				return redis.Nil // the script's answer on an empty queue
+			if !e.skipLook(keys[0]) {
+				look := redis.NewIntCmd(ctx, "llen", keys[0])
+				if isEmpty(ctx, next, look) {
+					return redis.Nil // the script's answer on an empty queue
+				}
+				e.found(keys[0], look.Val())
 			}
 			err := next(ctx, cmd)
-			if err == nil {
-				e.taking.Store(pending, struct{}{})
-			} else {
-				e.taking.Delete(pending)
+			if err != nil {
+				e.found(keys[0], 0) // empty (or failing): look first next time
 			}
 			return err
 		case isForward(keys) && len(argv) > 0:
@@ -61,6 +66,36 @@ func (e *EmptyPolls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return next(ctx, cmd)
 	}
 }
+
+// skipLook reports whether a dequeue of the pending list may skip its
+// look, and counts it.
+func (e *EmptyPolls) skipLook(pending string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pending[pending] > 0 {
+		e.pending[pending]--
+		return true
+	}
+	return false
+}
+
+// found notes that the pending list had n tasks for this dequeue and the
+// next n-1, bounded so that a huge list is still looked at now and then.
+func (e *EmptyPolls) found(pending string, n int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.pending == nil {
+		e.pending = map[string]int64{}
+	}
+	if n <= 1 {
+		delete(e.pending, pending)
+		return
+	}
+	e.pending[pending] = min(n-1, maxSkippedLooks)
+}
+
+// maxSkippedLooks bounds the dequeues that follow a look without one.
+const maxSkippedLooks = 1000
 
 func (*EmptyPolls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next // asynq polls one command at a time

@@ -96,6 +96,30 @@ func TestEmptyPolls(t *testing.T) {
 		t.Errorf("%d tasks taken from a full queue with %d LLEN polls, want at most %d: a dequeue after one that took a task needs no look", batch, n, batch/4)
 	}
 
+	// Tasks that come one at a time cost one dequeue script each: none
+	// runs after a task to find the queue empty.
+	dequeues := func() int64 {
+		t.Helper()
+		polls.mu.Lock()
+		defer polls.mu.Unlock()
+		return polls.dequeues
+	}
+	before = dequeues()
+	const single = 8
+	for i := range single {
+		id := fmt.Sprint("single-", i)
+		enqueue(id)
+		testkit.WaitFor(t, 5*time.Second, id+" to run", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return ran[id] == 1
+		})
+		time.Sleep(250 * time.Millisecond) // a few empty polls
+	}
+	if n := dequeues() - before; n != single {
+		t.Errorf("%d tasks enqueued one at a time ran %d dequeue scripts, want one each", single, n)
+	}
+
 	enqueue("pending")
 	enqueue("scheduled", asynq.ProcessIn(1500*time.Millisecond))
 	enqueue("retried")
@@ -132,15 +156,26 @@ func TestEmptyPolls(t *testing.T) {
 	}
 }
 
-// pollScripts counts the runs of asynq's dequeue and forward scripts.
-type pollScripts struct{ count atomic.Int64 }
+// pollScripts counts the runs of asynq's dequeue and forward scripts, and
+// of the dequeue script alone.
+type pollScripts struct {
+	count    atomic.Int64
+	mu       sync.Mutex
+	dequeues int64
+}
 
 func (c *pollScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (c *pollScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if keys, _ := scriptCall(cmd); isDequeue(keys) || isForward(keys) {
+		keys, _ := scriptCall(cmd)
+		if isDequeue(keys) || isForward(keys) {
 			c.count.Add(1)
+		}
+		if isDequeue(keys) {
+			c.mu.Lock()
+			c.dequeues++
+			c.mu.Unlock()
 		}
 		return next(ctx, cmd)
 	}
