@@ -28,16 +28,63 @@ end
 
 local key = KEYS[1]
 local state = redis.call('GET', key)
-local counts, first, last = {}, 1, nil -- first: the state's first kept pair; last: the last index
+local first, last = 1, nil -- first: the state's first kept pair; last: the last index
 local v
 if state then
   if string.sub(state, 1, 2) ~= '0,' and state ~= '0' then return slow() end
   v = cjson.decode('[' .. state .. ']')
   local oldest = floordiv(now, sub) - windows
   for j = 2, #v - 1, 2 do
-    if v[j] <= oldest then first = j + 2 else counts[v[j]] = v[j + 1] end
+    if v[j] > oldest then break end
+    first = j + 2
   end
   if first < #v then last = v[#v - 1] end
+end
+
+-- kept returns the state as read, less the pairs trimmed.
+local function kept()
+  if not last then return '0' end
+  local from = 3 -- after "0,"
+  for _ = 2, first - 1 do from = string.find(state, ',', from, true) + 1 end
+  return '0,' .. string.sub(state, from)
+end
+
+-- save writes the state as read, less the pairs trimmed, with n more in
+-- sub-window k (the last or after it), and returns its reset_after.
+local function save(k, count)
+  local out = kept()
+  if k == last then
+    out = string.match(out, '^(.*,)') .. string.format('%d', count)
+  else
+    out = out .. string.format(',%d,', k) .. ARGV[5]
+  end
+  local reset = (k + windows) * sub - now
+  redis.call('SET', key, out, 'PX', string.format('%d', ceildiv(reset + slack, 1000)))
+  return reset
+end
+
+-- The quick decision most calls find: nothing counted after start's
+-- sub-window, so the windows that hold it count no more than the one that
+-- ends there, and there is room in that one. (Else the general search.)
+local i = floordiv(start, sub)
+if start - now <= max_wait and (not last or last <= i) then
+  local total = 0
+  if last then
+    for j = #v - 1, first, -2 do
+      if v[j] <= i - windows then break end
+      total = total + v[j + 1]
+    end
+  end
+  if total + n <= limit then
+    local count = n
+    if i == last then count = v[#v] + n end
+    return {1, now, start, limit - total - n, save(i, count)}
+  end
+end
+
+local counts = {}
+if v then
+  for j = math.max(first, 2), #v - 1, 2 do counts[v[j]] = v[j + 1] end
 end
 
 -- As new_counter's runs.
@@ -55,24 +102,16 @@ end
 
 local at = start
 if start - now <= max_wait then
-  local i = floordiv(start, sub)
+  local w = i -- the first sub-window the events may go in
   while true do
-    local _, over = runs(i, limit - n)
-    if over < i then
-      at = math.max(start, i * sub)
+    local _, over = runs(w, limit - n)
+    if over < w then
+      at = math.max(start, w * sub)
       break
     end
-    i = over + 1
+    w = over + 1
   end
 end
--- kept returns the state as read, less the pairs trimmed.
-local function kept()
-  if not last then return '0' end
-  local from = 3 -- after "0,"
-  for _ = 2, first - 1 do from = string.find(state, ',', from, true) + 1 end
-  return '0,' .. string.sub(state, from)
-end
-
 if at - now > max_wait then
   local left, reset = 0, 0
   if start == now then left = math.max(0, limit - runs(floordiv(now, sub), limit)) end
@@ -85,14 +124,5 @@ end
 local k = floordiv(at, sub)
 if last and k < last then return slow() end -- booked before the last sub-window
 counts[k] = (counts[k] or 0) + n
-
--- The state as read, less the pairs trimmed, with k's count.
-local out = kept()
-if k == last then
-  out = string.match(out, '^(.*,)') .. string.format('%d', counts[k])
-else
-  out = out .. string.format(',%d,', k) .. ARGV[5]
-end
-local reset = (k + windows) * sub - now
-redis.call('SET', key, out, 'PX', string.format('%d', ceildiv(reset + slack, 1000)))
+local reset = save(k, counts[k])
 return {1, now, at, math.max(0, limit - runs(k, limit)), reset}
