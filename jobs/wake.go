@@ -150,6 +150,7 @@ func earliest(a, b time.Time) time.Time {
 type wakeLook struct {
 	next  time.Time // when to look again
 	held  bool      // this worker is the waker
+	busy  bool      // while held: the last take moved tasks, or fair lines wait
 	renew time.Time // while held: when to renew the lease (at half its life)
 }
 
@@ -162,7 +163,7 @@ type wakeLook struct {
 // life; the others ask the lease's PTTL, and try to take it only once it
 // has lapsed or the waker resigned.
 func (w *waker) look(ctx context.Context, queue string, l *wakeLook) time.Duration {
-	if l.held {
+	if l.held && !l.busy {
 		switch idle, err := w.nothingDue(ctx, queue); {
 		case err != nil || !idle:
 		case w.clock.Now().Before(l.renew):
@@ -173,12 +174,16 @@ func (w *waker) look(ctx context.Context, queue string, l *wakeLook) time.Durati
 				return wakeEvery
 			}
 		}
-	} else if until, err := w.rdb.PTTL(ctx, wakeKeys(queue)[1]).Result(); err == nil && until > 0 {
-		return min(until+time.Millisecond, wakeWatch) // another worker's lease
+	} else if !l.held {
+		if until, err := w.rdb.PTTL(ctx, wakeKeys(queue)[1]).Result(); err == nil && until > 0 {
+			return min(until+time.Millisecond, wakeWatch) // another worker's lease
+		}
 	}
-	d, held := w.wakeQueue(ctx, queue)
-	if l.held = held; held {
-		l.renew = w.clock.Now().Add(wakeLease / 2) // a take renews the lease
+	renew := !l.held || !w.clock.Now().Before(l.renew)
+	d, held, busy := w.take(ctx, queue, renew)
+	l.held, l.busy = held, held && busy
+	if held && renew {
+		l.renew = w.clock.Now().Add(wakeLease / 2)
 	}
 	return d
 }
@@ -229,34 +234,47 @@ func (w *waker) renewLease(ctx context.Context, queue string) bool {
 // this worker is its waker, and returns how soon to look again and whether
 // it is the waker.
 func (w *waker) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	keys, args := wakeKeys(queue), []any{w.clock.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), w.worker, wakeLease.Microseconds()}
+	d, held, _ := w.take(ctx, queue, true)
+	return d, held
+}
+
+// take is wakeQueue's look, renewing the waker's lease only if renew (it
+// is taken if no worker holds it either way), and reports too whether it
+// found work: tasks due, or waiting in fair lines.
+func (w *waker) take(ctx context.Context, queue string, renew bool) (d time.Duration, held, busy bool) {
+	lease := wakeLease.Microseconds()
+	if !renew {
+		lease = -lease
+	}
+	keys, args := wakeKeys(queue), []any{w.clock.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), w.worker, lease}
 	if f := w.gates().fair[queue]; f != nil {
 		more, extra := f.wakeArgs()
 		keys, args = append(keys, more...), append(args, extra...)
 	}
 	reply, err := wakeScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil || len(reply) == 0 {
-		return wakeEvery, false
+		return wakeEvery, false, false
 	}
 	lines, _ := reply[0].(int64)
 	if lines == -2 && len(reply) == 2 {
 		// Another worker is the waker: look again when its lease ends, or
 		// sooner in case it resigns.
 		until, _ := reply[1].(int64)
-		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false
+		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false, false
 	}
 	if err := w.ready(ctx, queue, reply[1:]); err != nil {
 		w.log.Warn("cannot move tasks due back to their queue; asynq brings them a second late", "queue", queue, "err", err)
 	}
+	busy = len(reply) > 1 || lines == 1
 	switch {
 	case (len(reply)-1)/2 >= wakeBatch:
-		return 0, true // more may be due
+		return 0, true, busy // more may be due
 	case lines == 1:
 		// Tasks wait in fair lines, on shares, not on time: look again
 		// soon.
-		return fairLook, true
+		return fairLook, true, busy
 	}
-	return wakeEvery, true
+	return wakeEvery, true, busy
 }
 
 // rebook brings forward the tasks waiting in Redis for turns booked under

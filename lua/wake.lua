@@ -21,7 +21,9 @@
 --         no TTL: taken empty, it is gone
 -- take:   ARGV[3] -> the most ids to take, ARGV[4] -> µs ahead: tasks due
 --         that soon are taken too, ARGV[5] -> the worker taking,
---         ARGV[6] -> the waker's lease in µs, renewed by each take
+--         ARGV[6] -> the waker's lease in µs, renewed by each take;
+--         negative: taken if no worker holds it, not renewed (the
+--         caller's lease has life left: a SET less per look)
 -- resign: ARGV[3] -> the worker that no longer takes
 -- rush:   every task is due now (the limits changed: their turns are void)
 -- take, fair: ARGV[7] -> the depth shared (fair.lua), ARGV[8] -> the most
@@ -100,7 +102,8 @@ local waker = redis.call('GET', KEYS[2])
 if waker and waker ~= ARGV[5] then
   return {-2, redis.call('PTTL', KEYS[2]) * 1000}
 end
-redis.call('SET', KEYS[2], ARGV[5], 'PX', ceildiv(tonumber(ARGV[6]), 1000))
+local lease = tonumber(ARGV[6])
+if lease > 0 or not waker then redis.call('SET', KEYS[2], ARGV[5], 'PX', ceildiv(math.abs(lease), 1000)) end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[4]), 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
 local ids, reply = {}, {0}
 for i = 1, #due, 2 do

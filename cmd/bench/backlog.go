@@ -239,7 +239,9 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 	if depth > 0 && done1 == done0 {
 		return r, fmt.Errorf("no task completed in %v", backlogWindow)
 	}
-	b.progress("backlog: %d queued: commands per task by name: %s", depth, c1.perTask(c0, done1-done0))
+	if depth > 0 {
+		b.progress("backlog: %d queued: commands per task by name: %s", depth, c1.perTask(c0, done1-done0))
+	}
 	r.rate = float64(done1-done0) / window
 	r.scripts = float64(c1.scripts-c0.scripts) / window
 	r.commands = float64(c1.all-c0.all) / window
