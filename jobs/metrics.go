@@ -22,6 +22,8 @@ type Metrics struct {
 	keyFallbacks  *prometheus.CounterVec   // gate
 	keyWaits      *prometheus.CounterVec   // gate
 	runtimeLimits *prometheus.GaugeVec     // gate
+	turnWait      *prometheus.HistogramVec // queue
+	admitted      *prometheus.CounterVec   // gate
 }
 
 // NewMetrics registers the metrics on reg.
@@ -92,8 +94,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_runtime_limits",
 			Help: "Overrides set live (enqueue limits set or import, the admin API) in force in this worker, by gate (drain:<queue>, quota:<name>): the gate's own and its key values'.",
 		}, []string{"gate"}),
+		turnWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_turn_wait_seconds",
+			Help:    "Seconds from a task's booking to the turn its rate gates gave it (0: admitted at once), by queue; observed once per turn booked or lent, not again when the task comes back for it.",
+			Buckets: []float64{0, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600},
+		}, []string{"queue"}),
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gate_admitted_tasks_total",
+			Help: "Tasks whose handler started after they passed the gate, by gate (drain:<queue>, quota:<name>, fair:<queue>).",
+		}, []string{"gate"}),
 	}
-	reg.MustRegister(m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.turnWait, m.admitted, m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }
