@@ -108,3 +108,27 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }
+
+// showGates makes the counters of gs's gates exist at 0 before their first
+// event, so that a dashboard panel or an alert over them (rate of 429s, of
+// failure policies used) reads 0, not "no data", until something happens.
+func (m *Metrics) showGates(gs *gateSet) {
+	for _, g := range gs.drains {
+		m.showGate(g)
+	}
+	for name, g := range gs.quotas {
+		m.showGate(g)
+		m.upstreamBusy.WithLabelValues(name)
+	}
+	for _, f := range gs.fair {
+		m.admitted.WithLabelValues(f.name)
+	}
+}
+
+func (m *Metrics) showGate(g *gate) {
+	m.admitted.WithLabelValues(g.name)
+	m.redisErrors.WithLabelValues(g.name)
+	if g.limit.OnRedisError != "" {
+		m.fallbacks.WithLabelValues(g.name, g.limit.OnRedisError)
+	}
+}

@@ -166,7 +166,11 @@ func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 	if s.clock.injected {
 		o.clock = s.clock.Clock
 	}
-	return newGateSet(s.rdb, cfg, o)
+	gs, err := newGateSet(s.rdb, cfg, o)
+	if err == nil {
+		s.metrics.showGates(gs)
+	}
+	return gs, err
 }
 
 // Close releases the Scheduler's connections.

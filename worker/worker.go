@@ -182,6 +182,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	cfg.ShutdownTimeout = w.opts.shutdownTimeout
 	srv := asynq.NewServerFromRedisClient(asynqRDB, cfg)
 
+	sizes := newQueueSizes(rdb, w.file.Jobs, log)
+	if err := w.opts.registry.Register(sizes); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	defer w.opts.registry.Unregister(sizes)
 	limits := newLimitsPage(rdb, redisOpt, w.opts.registry, w.file.Jobs, log)
 	webAddr, stopWeb, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, limits, log)
 	if err != nil {
@@ -222,6 +227,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			return
 		}
 		limits.file.Store(&f.Jobs)
+		sizes.setQueues(f.Jobs)
 		log.Info("config change in force", "path", w.path)
 	}, func(err error) {
 		log.Error("config change refused; the last good config stays in force", "err", err)
