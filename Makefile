@@ -22,6 +22,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # even if one fails.
 E2E_PARALLEL ?= 8
 test: vet lint
+	scripts/test-tools.sh
 	scripts/redis-env.sh bash -c '\
 		$(GO) test -race -count=1 -timeout 15m -parallel 4 $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
 		$(GO) test -count=1 -timeout 15m -parallel $(E2E_PARALLEL) ./test; e2e=$$?; \

@@ -96,7 +96,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"gate"}),
 		turnWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_turn_wait_seconds",
-			Help:    "Seconds from a task's booking to the turn its rate gates gave it (0: admitted at once), by queue; observed once per turn booked or lent, not again when the task comes back for it.",
+			Help:    "Seconds a task is told to wait for its turn on its rate gates, by queue: from its booking to its turn (0: admitted at once), or to its ticket in a backlog line; observed once per turn booked or lent and per ticket, not when the task comes back for a turn it holds (a task back for its ticket books then, and is observed again).",
 			Buckets: []float64{0, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600},
 		}, []string{"queue"}),
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -112,21 +112,30 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // showGates makes the counters of gs's gates exist at 0 before their first
 // event, so that a dashboard panel or an alert over them (rate of 429s, of
 // failure policies used) reads 0, not "no data", until something happens.
+//
+// Counters that first appear already above 0 hide their first increase
+// from rate(): a drain's whole backlog is booked (reserved) in its first
+// second, before a series for it would have existed.
 func (m *Metrics) showGates(gs *gateSet) {
-	for _, g := range gs.drains {
+	for queue, g := range gs.drains {
 		m.showGate(g)
+		m.turnWait.WithLabelValues(queue)
 	}
 	for name, g := range gs.quotas {
 		m.showGate(g)
 		m.upstreamBusy.WithLabelValues(name)
 	}
-	for _, f := range gs.fair {
+	for queue, f := range gs.fair {
 		m.admitted.WithLabelValues(f.name)
+		m.decisions.WithLabelValues(f.name, "parked")
+		m.turnWait.WithLabelValues(queue)
 	}
 }
 
 func (m *Metrics) showGate(g *gate) {
 	m.admitted.WithLabelValues(g.name)
+	m.decisions.WithLabelValues(g.name, "reserved")
+	m.decisions.WithLabelValues(g.name, "deferred")
 	m.redisErrors.WithLabelValues(g.name)
 	if g.limit.OnRedisError != "" {
 		m.fallbacks.WithLabelValues(g.name, g.limit.OnRedisError)
