@@ -37,14 +37,15 @@ var updateImages = os.Getenv("SLUICE_UPDATE_DOCS_IMAGES") != ""
 // 1,000/s) and a quota keyed by destination (8/s burst 2 each) on which
 // the hot destination (120 tasks) is throttled, while a real Prometheus
 // scrapes both every second and evaluates deploy/rules. During the drain:
-//   - the limits page in headless Chromium redraws itself (twice within
-//     4 s), with no console error, exception or failed load; what it shows
+//   - the limits page in headless Chromium draws itself and draws again
+//     within 4 s, with no console error, exception or failed load; what it shows
 //     agrees with enqueue status read before and after it (the drain's
 //     pending and waiting tasks within what 20/s moves in the time between
 //     the reads plus its 1.5 s refresh, the quotas' levels within that
 //     too, the busiest key of the keyed quota the same: hot) and with
-//     Prometheus (each worker's admitted per second within 25% or 2/s of
-//     the rate of the same counter over the page's 5 s window);
+//     Prometheus (its worker's admitted per second through the drain
+//     within 25% or 2/s of Prometheus's rate of the same counter over the
+//     same span, the page's, 5 s or more);
 //   - with JavaScript off the page is the table, every gate a row;
 //   - every query of every panel of deploy/grafana's dashboard returns
 //     data, and Prometheus evaluated every rule of deploy/rules without
@@ -140,7 +141,11 @@ tasks:
 		t.Fatalf("the page's time %q: %v", shown.Time, err)
 	}
 	admitted := cellFloat(t, drainRow, "admitted")
-	res, err := prom.query(t, fmt.Sprintf(`rate(sluice_gate_admitted_tasks_total{gate=%q,instance=%q}[6s])`, gate, r.fleet[0].metrics), pageAt)
+	window, err := strconv.ParseFloat(shown.Window, 64)
+	if err != nil || window < 5 {
+		t.Fatalf("the page's rates are over %q s, want 5 s or more", shown.Window)
+	}
+	res, err := prom.query(t, fmt.Sprintf(`rate(sluice_gate_admitted_tasks_total{gate=%q,instance=%q}[%dms])`, gate, r.fleet[0].metrics, int(window*1000)), pageAt)
 	if err != nil || len(res) != 1 {
 		t.Fatalf("prometheus: admitted rate of the page's worker: %v %v", res, err)
 	}
@@ -223,6 +228,7 @@ func (d statusDoc) quota(t *testing.T, name string) statusGate {
 type pageView struct {
 	Time    string
 	DrawnBy string
+	Window  string // the span of the rates, in seconds
 	Rows    map[string]map[string]string
 }
 
@@ -230,6 +236,7 @@ type pageView struct {
 const readPage = `JSON.stringify({
   Time: document.body.dataset.time || "",
   DrawnBy: document.body.dataset.drawnBy || "",
+  Window: document.body.dataset.rateWindow || "",
   Rows: Object.fromEntries([...document.querySelectorAll("#gates > tbody > tr[data-gate]")].map(tr => {
     const cells = Object.fromEntries([...tr.querySelectorAll(":scope > td[data-field]")].map(td => [td.dataset.field, td.textContent.trim()]));
     const key = tr.querySelector("tr[data-key]");
@@ -442,7 +449,8 @@ body{margin:0;background:#111217;color:#ccccdc;font:12px sans-serif;display:flex
 				}
 				pts = append(pts, fmt.Sprintf("%.1f,%.1f", (at-float64(start.Unix()))/span*w, h-f/top*h))
 			}
-			fmt.Fprintf(&b, `<polyline fill="none" stroke-width="1.5" stroke="%s" points="%s"/>`, colors[i%len(colors)], strings.Join(pts, " "))
+			// The first series widest: series that are equal stay visible.
+			fmt.Fprintf(&b, `<polyline fill="none" stroke-width="%.1f" stroke="%s" points="%s"/>`, 1.5+2*float64(len(series)-1-i), colors[i%len(colors)], strings.Join(pts, " "))
 		}
 		fmt.Fprintf(&b, `<text x="2" y="12" fill="#8e8e8e">%.3g</text></svg><div>`, top/1.1)
 		for i, l := range labels {
