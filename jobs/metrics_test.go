@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -16,6 +17,7 @@ import (
 // every task's turn wait is observed once (the first admitted at once,
 // others later, none beyond the 5 s bucket: the drain needs 1.5 s for all), and the
 // counters of what has not happened yet (429s, failure policies) exist at 0.
+// Every metric's name and help pass Prometheus's lint (promtool's checks).
 func TestGateMetrics(t *testing.T) {
 	t.Parallel()
 	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
@@ -52,6 +54,10 @@ func TestGateMetrics(t *testing.T) {
 				shown[f.GetName()+"/"+l.GetValue()] = true
 			}
 		}
+	}
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil || len(problems) > 0 {
+		t.Errorf("the metrics' lint: %v %+v", err, problems)
 	}
 	for _, want := range []string{"sluice_upstream_busy_total/" + quota, "sluice_policy_fallbacks_total/quota:" + quota, "sluice_redis_errors_total/drain:" + queue} {
 		if !shown[want] {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,8 +39,8 @@ var updateImages = os.Getenv("SLUICE_UPDATE_DOCS_IMAGES") != ""
 // the hot destination (120 tasks) is throttled, while a real Prometheus
 // scrapes both every second and evaluates deploy/rules. During the drain:
 //   - the limits page in headless Chromium draws itself and draws again
-//     within 4 s, with no console error, exception or failed load; what it shows
-//     agrees with enqueue status read before and after it (the drain's
+//     within 4 s, with no console error, exception or failed load; what
+//     it shows agrees with enqueue status read before and after it (the drain's
 //     pending and waiting tasks within what 20/s moves in the time between
 //     the reads plus its 1.5 s refresh, the quotas' levels within that
 //     too, the busiest key of the keyed quota the same: hot) and with
@@ -50,6 +51,9 @@ var updateImages = os.Getenv("SLUICE_UPDATE_DOCS_IMAGES") != ""
 //   - every query of every panel of deploy/grafana's dashboard returns
 //     data, and Prometheus evaluated every rule of deploy/rules without
 //     error over series that exist.
+//
+// After it, promtool accepts the names and help texts of every metric the
+// worker serves.
 func TestLimitsPageAndDashboard(t *testing.T) {
 	t.Parallel()
 	queue, api, dest := redistest.Queue(t, "page"), redistest.Queue(t, "api"), redistest.Queue(t, "dest")
@@ -181,6 +185,7 @@ tasks:
 		t.Errorf("the limits page's console: %s", strings.Join(problems, "; "))
 	}
 	r.finish(t, 200, 60*time.Second, queue)
+	checkMetricsLint(t, r.fleet[0].metrics)
 
 	// The dashboard's first row over the whole drain, drawn from its
 	// panels' data.
@@ -192,6 +197,22 @@ tasks:
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// checkMetricsLint: promtool accepts the names and help texts of every
+// metric the worker at addr serves.
+func checkMetricsLint(t *testing.T, addr string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	check := exec.Command("promtool", "check", "metrics")
+	check.Stdin = resp.Body
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics on %s: %v\n%s", addr, err, out)
 	}
 }
 
