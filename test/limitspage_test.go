@@ -47,7 +47,8 @@ var updateImages = os.Getenv("SLUICE_UPDATE_DOCS_IMAGES") != ""
 //     Prometheus (its worker's admitted per second through the drain
 //     within 25% or 2/s of Prometheus's rate of the same counter over the
 //     same span, the page's, 5 s or more);
-//   - with JavaScript off the page is the table, every gate a row;
+//   - with JavaScript off the page is the table, every gate a row (a
+//     queue's fair share and concurrency limit too);
 //   - every query of every panel of deploy/grafana's dashboard returns
 //     data, and Prometheus evaluated every rule of deploy/rules without
 //     error over series that exist.
@@ -57,16 +58,18 @@ var updateImages = os.Getenv("SLUICE_UPDATE_DOCS_IMAGES") != ""
 func TestLimitsPageAndDashboard(t *testing.T) {
 	t.Parallel()
 	queue, api, dest := redistest.Queue(t, "page"), redistest.Queue(t, "api"), redistest.Queue(t, "dest")
+	fair := redistest.Queue(t, "fair") // no tasks: its gates' rows only
 	r := startFleet(t, backends[0], 2, fmt.Sprintf(`
 worker: {concurrency: 10}
 queues:
   %s: {drain: {algorithm: leaky_bucket, limit: 20, period: 1s, burst: 1}}
+  %s: {concurrency: 3, drain: {limit: 5, period: 1s}, fairness: {key: 'payload.headers["X-Tenant"]'}}
 quotas:
   %s: {algorithm: token_bucket, limit: 1000, period: 1s, burst: 1000}
   %s: {algorithm: token_bucket, limit: 8, period: 1s, burst: 2, key: 'payload.headers["X-Dest"]'}
 tasks:
   http:request: {quotas: [%s, %s]}
-`, queue, api, dest, api, dest))
+`, queue, fair, api, dest, api, dest))
 	prom := startPrometheus(t, []string{r.fleet[0].metrics, r.fleet[1].metrics})
 
 	// 3 hot tasks to every 2 cold ones, each cold destination with 2.
@@ -161,7 +164,7 @@ tasks:
 	// Without JavaScript: the server's table, every gate a row.
 	plain, _ := browser.open(t, page, false)
 	static := plain.read(t)
-	for _, g := range []string{gate, "quota:" + api, "quota:" + dest} {
+	for _, g := range []string{gate, "quota:" + api, "quota:" + dest, "drain:" + fair, "fair:" + fair, "concurrency:queue:" + fair} {
 		if row, ok := static.Rows[g]; !ok || row["limit"] == "" || row["level"] == "" {
 			t.Errorf("the page without JavaScript has no row for %s with its limit and level: %v", g, static.Rows)
 		}
