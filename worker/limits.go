@@ -31,8 +31,9 @@ import (
 // without JavaScript; limits.js (embedded, no build step) instead fetches
 // /ui/limits.json every refreshEvery and redraws the table and a chart per
 // gate in place. Nothing is read until someone looks: each request reads
-// Redis once (the figures `enqueue status` reads) and this worker's own
-// metrics (the registry /metrics serves).
+// from Redis what `enqueue status` reads (the limits, the levels, the
+// queues' counts, the busiest keys) and this worker's own counters (the
+// registry /metrics serves).
 
 //go:embed limits
 var limitsFiles embed.FS
@@ -131,6 +132,9 @@ type gateView struct {
 	// any queue.
 	Pending *int `json:"pending"`
 	Waiting *int `json:"waiting"`
+	// WaitingAtLeast: the retry or scheduled set held more than
+	// pageClassified tasks, and only that many were looked at.
+	WaitingAtLeast bool `json:"waiting_at_least,omitempty"`
 	// DonePerSecond: the fleet completed its queue's tasks at this rate
 	// over the last minute; ThroughSeconds: its backlog (pending, waiting
 	// and active) is through in this long at that rate.
@@ -333,6 +337,7 @@ func (p *limitsPage) readQueue(ctx context.Context, g *gateView, queue string, k
 					waiting++
 				}
 			}
+			g.WaitingAtLeast = g.WaitingAtLeast || len(infos) == pageClassified
 		}
 	}
 	rate, err := jobs.RecentRate(ctx, p.rdb, queue)
