@@ -7,7 +7,9 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 .PHONY: test vet lint bench run build redis-shell
 
 # Tests get a real standalone Redis and a 3-node Redis Cluster from
-# scripts/redis-env.sh (see SLUICE_TEST_REDIS_* there). The unit tests that
+# scripts/redis-env.sh (see SLUICE_TEST_REDIS_* there), and Prometheus,
+# promtool and a headless Chromium from scripts/test-tools.sh (the limits
+# page's, the dashboard's and the rules' tests). The unit tests that
 # mostly wait (on TTLs, on Redis failing, on a manual clock's tasks) are
 # t.Parallel: 4 of them at once, where their waits overlap. The end-to-end
 # package (./test) runs after the others, not beside them: it measures
@@ -22,6 +24,7 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # even if one fails.
 E2E_PARALLEL ?= 8
 test: vet lint
+	scripts/test-tools.sh
 	scripts/redis-env.sh bash -c '\
 		$(GO) test -race -count=1 -timeout 15m -parallel 4 $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
 		$(GO) test -count=1 -timeout 15m -parallel $(E2E_PARALLEL) ./test; e2e=$$?; \

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -96,11 +97,20 @@ func TestDockerCompose(t *testing.T) {
 		t.Fatal("no service mounts a file on /etc/prometheus/prometheus.yml")
 	}
 	var prom struct {
+		RuleFiles     []string `yaml:"rule_files"`
 		ScrapeConfigs []struct {
 			StaticConfigs []struct{ Targets []string } `yaml:"static_configs"`
 		} `yaml:"scrape_configs"`
 	}
 	readYAML(t, filepath.Join(root, prometheusConfig), &prom)
+	if len(prom.RuleFiles) == 0 {
+		t.Errorf("%s: no rule_files: the alerting rules of deploy/rules are not loaded", prometheusConfig)
+	}
+	for _, pattern := range prom.RuleFiles {
+		if !mountedMatch(compose.Services, pattern) {
+			t.Errorf("%s: rule_files %q matches no file mounted into a service", prometheusConfig, pattern)
+		}
+	}
 	scraped := map[string]bool{}
 	for _, sc := range prom.ScrapeConfigs {
 		for _, st := range sc.StaticConfigs {
@@ -142,6 +152,111 @@ func TestDockerCompose(t *testing.T) {
 	if workers != 3 {
 		t.Errorf("docker-compose.yml has %d workers with SLUICE_WORKER_METRICS_ADDR, want 3", workers)
 	}
+	checkGrafana(t, compose, listens)
+}
+
+// checkGrafana: a service provisions a Prometheus data source at a compose
+// service that listens there, and a dashboard folder mounted from deploy/
+// whose every panel queries that data source by its uid.
+func checkGrafana(t *testing.T, compose composeFile, listens map[string][]int) {
+	t.Helper()
+	const datasources, dashboards = "/etc/grafana/provisioning/datasources/", "/etc/grafana/provisioning/dashboards/"
+	var uid string
+	var panelDirs []string
+	for name, s := range compose.Services {
+		for _, v := range s.Volumes {
+			source, target, _ := strings.Cut(v, ":")
+			target, _, _ = strings.Cut(target, ":")
+			switch {
+			case strings.HasPrefix(target, datasources):
+				var ds struct {
+					Datasources []struct{ UID, Type, URL string }
+				}
+				readYAML(t, filepath.Join(root, source), &ds)
+				for _, d := range ds.Datasources {
+					if d.Type != "prometheus" {
+						continue
+					}
+					uid = d.UID
+					host, p, err := net.SplitHostPort(strings.TrimPrefix(d.URL, "http://"))
+					if err != nil || !slices.Contains(listens[host], port(t, source, p)) {
+						t.Errorf("%s: data source url %q is no compose service's port (%v)", source, d.URL, listens[host])
+					}
+				}
+			case strings.HasPrefix(target, dashboards):
+				var prov struct {
+					Providers []struct{ Options struct{ Path string } }
+				}
+				readYAML(t, filepath.Join(root, source), &prov)
+				for _, p := range prov.Providers {
+					dir, ok := mountSource(s, p.Options.Path)
+					if !ok {
+						t.Errorf("%s: dashboards path %q is not mounted into %s", source, p.Options.Path, name)
+						continue
+					}
+					panelDirs = append(panelDirs, dir)
+				}
+			}
+		}
+	}
+	if uid == "" || len(panelDirs) == 0 {
+		t.Fatalf("docker-compose.yml provisions no Grafana Prometheus data source (uid %q) or no dashboards (%v)", uid, panelDirs)
+	}
+	for _, dir := range panelDirs {
+		files, _ := filepath.Glob(filepath.Join(root, dir, "*.json"))
+		if len(files) == 0 {
+			t.Errorf("dashboards folder %s holds no dashboard", dir)
+		}
+		for _, f := range files {
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var d struct {
+				Panels []struct {
+					Type, Title string
+					Datasource  struct{ UID string }
+					Targets     []struct{ Expr string }
+				}
+			}
+			if err := json.Unmarshal(data, &d); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			for _, p := range d.Panels {
+				if p.Type == "row" {
+					continue
+				}
+				if p.Datasource.UID != uid || len(p.Targets) == 0 {
+					t.Errorf("%s: panel %q queries data source %q with %d queries, want %q and at least one", f, p.Title, p.Datasource.UID, len(p.Targets), uid)
+				}
+			}
+		}
+	}
+}
+
+// mountSource is the host path mounted into service s at target.
+func mountSource(s composeService, target string) (string, bool) {
+	for _, v := range s.Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) >= 2 && parts[1] == target {
+			return parts[0], true
+		}
+	}
+	return "", false
+}
+
+// mountedMatch reports whether a file mounted into a service has a
+// container path that pattern (a glob) matches.
+func mountedMatch(services map[string]composeService, pattern string) bool {
+	for _, s := range services {
+		for _, v := range s.Volumes {
+			parts := strings.Split(v, ":")
+			if ok, _ := filepath.Match(pattern, parts[min(1, len(parts)-1)]); ok && len(parts) >= 2 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func readYAML(t *testing.T, path string, v any) {

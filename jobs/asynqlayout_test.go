@@ -124,3 +124,38 @@ func TestAsynqKeyLayout(t *testing.T) {
 		t.Errorf("asynq's queue info %+v, %v; want 2 pending, 1 scheduled, 1 archived", info, err)
 	}
 }
+
+// TestQueueSizes: QueueSizes counts what asynq's own inspector counts for
+// a queue with tasks pending and scheduled.
+func TestQueueSizes(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, "sizes")
+	opt := asynq.RedisClientOpt{Addr: redistest.Addr(t)}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	for i := range 5 {
+		opts := []asynq.Option{asynq.Queue(queue)}
+		if i >= 3 {
+			opts = append(opts, asynq.ProcessIn(time.Hour))
+		}
+		if _, err := client.Enqueue(asynq.NewTask("test:sizes", nil), opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t)})
+	defer rdb.Close()
+	sizes, err := QueueSizes(context.Background(), rdb, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inspector := asynq.NewInspector(opt)
+	defer inspector.Close()
+	info, err := inspector.GetQueueInfo(queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"pending": int64(info.Pending), "active": int64(info.Active), "scheduled": int64(info.Scheduled), "retry": int64(info.Retry)}
+	if fmt.Sprint(sizes) != fmt.Sprint(want) || sizes["pending"] != 3 || sizes["scheduled"] != 2 {
+		t.Errorf("QueueSizes: %v, want asynq's %v (3 pending, 2 scheduled)", sizes, want)
+	}
+}

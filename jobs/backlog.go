@@ -232,6 +232,7 @@ func (b *booker) joinLine(ctx context.Context, task taskRef, l backlogLine, from
 	due := ticket - requeueLead.Microseconds()
 	wait := time.Duration(max(due-limitersNow, 1000)) * time.Microsecond
 	b.metrics.decisions.WithLabelValues(l.gate, "deferred").Inc()
+	b.metrics.turnWait.WithLabelValues(queue).Observe(float64(max(ticket-limitersNow, 0)) / 1e6)
 	pipe = b.rdb.Pipeline()
 	life := time.Duration(tail-limitersNow)*time.Microsecond + lineLife
 	pipe.PExpire(ctx, l.key, life)

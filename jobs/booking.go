@@ -281,6 +281,9 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 			b.metrics.remaining.WithLabelValues(c.g.name).Set(float64(bk.Turns[i].Remaining))
 		}
 	}
+	if !bk.Kept {
+		b.metrics.turnWait.WithLabelValues(queue).Observe(max(bk.Delay, 0).Seconds())
+	}
 	b.log.Debug("booked", "queue", queue, "at", bk.At.UnixMicro(), "delay", bk.Delay, "kept", bk.Kept)
 	turns := bookedTurns{claims: claims, turns: bk.Turns}
 	switch {
@@ -429,6 +432,7 @@ func (b *booker) lent(ctx context.Context, gs *gateSet, task taskRef, r *route, 
 	for _, c := range claims {
 		b.metrics.decisions.WithLabelValues(c.g.name, "lent").Inc()
 	}
+	b.metrics.turnWait.WithLabelValues(task.queue).Observe(0)
 	// A lent turn cannot be given back alone: a task that does not use it
 	// leaves it counted (see giveBack).
 	return true

@@ -22,6 +22,8 @@ type Metrics struct {
 	keyFallbacks  *prometheus.CounterVec   // gate
 	keyWaits      *prometheus.CounterVec   // gate
 	runtimeLimits *prometheus.GaugeVec     // gate
+	turnWait      *prometheus.HistogramVec // queue
+	admitted      *prometheus.CounterVec   // gate
 }
 
 // NewMetrics registers the metrics on reg.
@@ -92,8 +94,50 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_runtime_limits",
 			Help: "Overrides set live (enqueue limits set or import, the admin API) in force in this worker, by gate (drain:<queue>, quota:<name>): the gate's own and its key values'.",
 		}, []string{"gate"}),
+		turnWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_turn_wait_seconds",
+			Help:    "Seconds a task is told to wait for its turn on its rate gates, by queue: from its booking to its turn (0: admitted at once), or to its ticket in a backlog line; observed once per turn booked or lent and per ticket, not when the task comes back for a turn it holds (a task back for its ticket books then, and is observed again).",
+			Buckets: []float64{0, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600},
+		}, []string{"queue"}),
+		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gate_admitted_tasks_total",
+			Help: "Tasks whose handler started after they passed the gate, by gate (drain:<queue>, quota:<name>, fair:<queue>).",
+		}, []string{"gate"}),
 	}
-	reg.MustRegister(m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.turnWait, m.admitted, m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
+}
+
+// showGates makes the counters of gs's gates exist at 0 before their first
+// event, so that a dashboard panel or an alert over them (rate of 429s, of
+// failure policies used) reads 0, not "no data", until something happens.
+//
+// Counters that first appear already above 0 hide their first increase
+// from rate(): a drain's whole backlog is booked (reserved) in its first
+// second, before a series for it would have existed.
+func (m *Metrics) showGates(gs *gateSet) {
+	for queue, g := range gs.drains {
+		m.showGate(g)
+		m.turnWait.WithLabelValues(queue)
+	}
+	for name, g := range gs.quotas {
+		m.showGate(g)
+		m.upstreamBusy.WithLabelValues(name)
+	}
+	for queue, f := range gs.fair {
+		m.admitted.WithLabelValues(f.name)
+		m.decisions.WithLabelValues(f.name, "parked")
+		m.turnWait.WithLabelValues(queue)
+	}
+}
+
+func (m *Metrics) showGate(g *gate) {
+	m.admitted.WithLabelValues(g.name)
+	m.decisions.WithLabelValues(g.name, "reserved")
+	m.decisions.WithLabelValues(g.name, "deferred")
+	m.redisErrors.WithLabelValues(g.name)
+	if g.limit.OnRedisError != "" {
+		m.fallbacks.WithLabelValues(g.name, g.limit.OnRedisError)
+	}
 }

@@ -166,7 +166,11 @@ func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 	if s.clock.injected {
 		o.clock = s.clock.Clock
 	}
-	return newGateSet(s.rdb, cfg, o)
+	gs, err := newGateSet(s.rdb, cfg, o)
+	if err == nil {
+		s.metrics.showGates(gs)
+	}
+	return gs, err
 }
 
 // Close releases the Scheduler's connections.
@@ -405,6 +409,7 @@ booking:
 		return ctx.Err()
 	}
 	tk.start(gs.typeLabel(t.Type()))
+	s.countAdmitted(gs, queue, t.Type())
 	err := next.ProcessTask(slots.ctx, t)
 	tk.returned = true
 	if tk.giveBack() && err != nil {
@@ -425,6 +430,17 @@ booking:
 		return s.upstreamBusy(ctx, gs, task, busy)
 	}
 	return err
+}
+
+// countAdmitted counts a task whose handler starts as admitted by each
+// rate gate on its way: its drain, its quotas and its queue's fair share.
+func (s *Scheduler) countAdmitted(gs *gateSet, queue, typ string) {
+	for _, g := range gs.routeOf(queue, typ).gates {
+		s.metrics.admitted.WithLabelValues(g.name).Inc()
+	}
+	if f := gs.fair[queue]; f != nil {
+		s.metrics.admitted.WithLabelValues(f.name).Inc()
+	}
 }
 
 // taken is what a task has taken on its way to its handler: turns on its

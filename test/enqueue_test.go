@@ -306,6 +306,7 @@ type statusQueue struct {
 	Name                                        string
 	Configured                                  bool
 	Pending, Scheduled, Retry, Active, Archived int
+	Waiting                                     int // for their turn, in Redis
 	Drain                                       *statusGate
 	RatePerSecond                               float64 `json:"rate_per_second"`
 }

@@ -56,8 +56,9 @@ func uiRequest(t *testing.T, w *worker, method, path, user, password string) int
 }
 
 // TestWebUIReadOnly (9.1): by default the worker's web UI shows the queues
-// but changes nothing: every write of asynqmon's API is 405, and the
-// scheduled tasks stay.
+// and the limits page but changes nothing: every write of asynqmon's API
+// is 405, as is any but GET on the limits page, and the scheduled tasks
+// stay.
 func TestWebUIReadOnly(t *testing.T) {
 	t.Parallel()
 	queue := redistest.Queue(t, "reports")
@@ -69,20 +70,25 @@ func TestWebUIReadOnly(t *testing.T) {
 		{"POST", "/ui/api/queues/" + queue + ":pause"},
 		{"DELETE", "/ui/api/queues/" + queue + "?force=true"},
 		{"PUT", "/ui/api/queues/" + queue},
+		{"POST", "/ui/limits"},
+		{"DELETE", "/ui/limits.json"},
 	} {
 		if status := uiRequest(t, w, c.method, c.path, "", ""); status != http.StatusMethodNotAllowed {
 			t.Errorf("%s %s: %d, want 405", c.method, c.path, status)
 		}
 	}
-	if status := uiRequest(t, w, "GET", "/ui/api/queues/"+queue, "", ""); status != http.StatusOK {
-		t.Errorf("GET the queue: %d, want 200", status)
+	for _, path := range []string{"/ui/api/queues/" + queue, "/ui/limits", "/ui/limits.json", "/ui/limits/static/limits.js"} {
+		if status := uiRequest(t, w, "GET", path, "", ""); status != http.StatusOK {
+			t.Errorf("GET %s: %d, want 200", path, status)
+		}
 	}
 	if n := scheduled(t, queue); n != 5 {
 		t.Errorf("%d scheduled tasks left, want 5", n)
 	}
 }
 
-// TestWebUIWrites (9.1): with worker.ui.writes, every page needs the login
+// TestWebUIWrites (9.1): with worker.ui.writes, every page (the limits page
+// too) needs the login
 // (compared with a bcrypt hash), and with it a user may delete; neither
 // the password nor its hash is logged.
 func TestWebUIWrites(t *testing.T) {
@@ -101,6 +107,9 @@ func TestWebUIWrites(t *testing.T) {
 		status                             int
 	}{
 		{"read without a login", "GET", "/ui/api/queues", "", "", http.StatusUnauthorized},
+		{"the limits page without a login", "GET", "/ui/limits", "", "", http.StatusUnauthorized},
+		{"the limits page's figures without a login", "GET", "/ui/limits.json", "", "", http.StatusUnauthorized},
+		{"the limits page with the login", "GET", "/ui/limits", "admin", "correct horse", http.StatusOK},
 		{"delete without a login", "DELETE", deleteAll, "", "", http.StatusUnauthorized},
 		{"delete with a wrong password", "DELETE", deleteAll, "admin", "wrong horse", http.StatusUnauthorized},
 		{"delete as another user", "DELETE", deleteAll, "root", "correct horse", http.StatusUnauthorized},

@@ -3,6 +3,7 @@ package worker
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -14,13 +15,16 @@ import (
 	"github.com/sluicehq/sluice/jobs"
 )
 
-// webUI returns asynqmon at /ui/ as ui allows: read-only unless ui.Writes,
+// webUI returns asynqmon at /ui/, and the limits page at /ui/limits, as ui allows: read-only unless ui.Writes,
 // and behind HTTP basic auth when ui has a password hash (config.Load
 // checked that writes come with one). close closes asynqmon's connections
 // to Redis (its own client and inspector).
-func webUI(ui jobs.WebUIConfig, redisOpt asynq.RedisConnOpt) (h http.Handler, close func() error) {
+func webUI(ui jobs.WebUIConfig, redisOpt asynq.RedisConnOpt, limits *limitsPage) (h http.Handler, close func() error) {
 	mon := asynqmon.New(asynqmon.Options{RootPath: "/ui", RedisConnOpt: redisOpt, ReadOnly: !ui.Writes})
-	h = mon
+	mux := http.NewServeMux()
+	mux.Handle("/ui/", mon)
+	limits.routes(mux)
+	h = mux
 	if !ui.Writes {
 		// asynqmon's ReadOnly refuses methods other than GET on the API
 		// routes it knows; this refuses them on every path, whatever a
@@ -30,7 +34,7 @@ func webUI(ui jobs.WebUIConfig, redisOpt asynq.RedisConnOpt) (h http.Handler, cl
 	if ui.PasswordHash != "" {
 		h = (&basicAuth{user: ui.User, hash: []byte(ui.PasswordHash)}).wrap(h)
 	}
-	return h, mon.Close
+	return h, func() error { return errors.Join(mon.Close(), limits.close()) }
 }
 
 // readOnly answers 405 to any method but GET and HEAD.

@@ -184,7 +184,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	cfg.ShutdownTimeout = w.opts.shutdownTimeout
 	srv := asynq.NewServerFromRedisClient(asynqRDB, cfg)
 
-	webAddr, stopWeb, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, log)
+	sizes := newQueueSizes(rdb, w.file.Jobs, log)
+	if err := w.opts.registry.Register(sizes); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	defer w.opts.registry.Unregister(sizes)
+	limits := newLimitsPage(rdb, redisOpt, w.opts.registry, w.file.Jobs, log)
+	webAddr, stopWeb, err := serveMetrics(sched.Config().Worker, w.opts.registry, redisOpt, limits, log)
 	if err != nil {
 		return fmt.Errorf("worker: metrics server on worker.metrics_addr: %w", err)
 	}
@@ -222,6 +228,8 @@ func (w *Worker) Run(ctx context.Context) error {
 			log.Error("config change refused; the last good config stays in force", "err", err)
 			return
 		}
+		limits.file.Store(&f.Jobs)
+		sizes.setQueues(f.Jobs)
 		log.Info("config change in force", "path", w.path)
 	}, func(err error) {
 		log.Error("config change refused; the last good config stays in force", "err", err)
@@ -282,15 +290,16 @@ func checkRedis(ctx context.Context, r config.Redis, rdb redis.UniversalClient, 
 }
 
 // serveMetrics serves Prometheus metrics on /metrics, asynqmon's web UI on
-// /ui/ (see webUI) and /healthz at cfg.MetricsAddr, until stop is called:
+// /ui/ and the limits page on /ui/limits (see webUI) and /healthz at cfg.MetricsAddr, until stop is called:
 // stop shuts the server down (waiting up to 5s for requests under way,
 // and for its serving goroutine), then closes the web UI's connections.
-func serveMetrics(cfg jobs.WorkerConfig, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, log *slog.Logger) (addr string, stop func(), err error) {
+func serveMetrics(cfg jobs.WorkerConfig, reg *prometheus.Registry, redisOpt asynq.RedisConnOpt, limits *limitsPage, log *slog.Logger) (addr string, stop func(), err error) {
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	if err != nil {
+		limits.close()
 		return "", nil, err
 	}
-	ui, closeUI := webUI(cfg.UI, redisOpt)
+	ui, closeUI := webUI(cfg.UI, redisOpt, limits)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/ui/", ui)
