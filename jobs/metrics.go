@@ -22,6 +22,7 @@ type Metrics struct {
 	keyFallbacks  *prometheus.CounterVec   // gate
 	keyWaits      *prometheus.CounterVec   // gate
 	runtimeLimits *prometheus.GaugeVec     // gate
+	adaptiveRate  *prometheus.GaugeVec     // quota
 }
 
 // NewMetrics registers the metrics on reg.
@@ -92,8 +93,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_runtime_limits",
 			Help: "Overrides set live (enqueue limits set or import, the admin API) in force in this worker, by gate (drain:<queue>, quota:<name>): the gate's own and its key values'.",
 		}, []string{"gate"}),
+		adaptiveRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_adaptive_rate",
+			Help: "The rate an adaptive quota learned from its upstream's answers, fleet-wide, in events per the quota's period, by quota (its limit in force is this rounded, or an override set live).",
+		}, []string{"quota"}),
 	}
-	reg.MustRegister(m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.adaptiveRate, m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }

@@ -424,6 +424,9 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 			s.blockKey(ctx, g, s.claimOf(g, vars), block)
 			continue
 		}
+		if g.limit.Adaptive != nil && block <= adaptiveBlockOver && !s.pinned(g.key) {
+			continue // its rate is cut instead (adapt.go): a pause would end in a burst
+		}
 		s.board.block(g.key, s.clock.Now().Add(block))
 		if err := g.lim.Block(ctx, g.key, block); err != nil {
 			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)
