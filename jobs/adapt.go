@@ -44,6 +44,13 @@ const (
 
 var adaptScript = redis.NewScript(lua.Adapt)
 
+// adaptedNotice is published on blockChannel by the worker whose report
+// changed a learned rate: every worker reads the rates at once, so that the
+// fleet changes over within milliseconds. (Workers on two versions of a
+// limit each admit at their own: for up to adaptEvery, the fleet would
+// admit at the sum of both rates.) No block's announcement reads so.
+const adaptedNotice = "adapted"
+
 // adaptKey is an adaptive quota's learned rate and controller state.
 func adaptKey(quota string) string { return throttle.Key("sluice:adapt:", quota) }
 
@@ -54,6 +61,8 @@ type learnedRate struct {
 	// Since is when Limit was set, on Redis's clock: the generation of the
 	// limit's state (LimitConfig.stateVersion), the same in every worker.
 	Since time.Time
+	// changed: this report changed the rate.
+	changed bool
 }
 
 // upstreamTally is what the handlers of one worker saw of one quota's
@@ -77,14 +86,15 @@ type adaptiveRates struct {
 	// pinned reports whether a runtime limit pins the quota now.
 	pinned func(quota string) bool
 
-	tallies sync.Map // quota -> *upstreamTally
+	poked   chan struct{} // report now: a learned rate changed
+	tallies sync.Map      // quota -> *upstreamTally
 	mu      sync.Mutex
 	rates   map[string]learnedRate // by quota, as last read
 	logGate throttle.Limiter
 }
 
 func newAdaptiveRates(deps fleetDeps, m *Metrics) *adaptiveRates {
-	a := &adaptiveRates{fleetDeps: deps, gauge: m.adaptiveRate, rates: map[string]learnedRate{}}
+	a := &adaptiveRates{fleetDeps: deps, gauge: m.adaptiveRate, rates: map[string]learnedRate{}, poked: make(chan struct{}, 1)}
 	a.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: adaptLogEvery})
 	return a
 }
@@ -97,8 +107,17 @@ func (a *adaptiveRates) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-a.poked:
 		}
 		a.report(ctx, a.gates().cfg)
+	}
+}
+
+// poke makes run report now.
+func (a *adaptiveRates) poke() {
+	select {
+	case a.poked <- struct{}{}:
+	default:
 	}
 }
 
@@ -112,7 +131,7 @@ func (a *adaptiveRates) learned() map[string]learnedRate {
 // report sends every adaptive quota of cfg its tally and reads its rate
 // back; if a learned limit is not the one in force, it calls changed.
 func (a *adaptiveRates) report(ctx context.Context, cfg Config) {
-	stale := false
+	stale, changed := false, false
 	for _, name := range sortedKeys(cfg.Quotas) {
 		l := cfg.Quotas[name]
 		if l.Adaptive == nil {
@@ -132,6 +151,12 @@ func (a *adaptiveRates) report(ctx context.Context, cfg Config) {
 		}
 		if lr.Limit != l.Limit && !a.pinned(name) {
 			stale = true
+			changed = changed || lr.changed
+		}
+	}
+	if changed {
+		if err := a.rdb.Publish(ctx, blockChannel, adaptedNotice).Err(); err != nil {
+			a.log.Warn("cannot tell the fleet of a learned rate's change", "err", err)
 		}
 	}
 	if stale && a.changed != nil {
@@ -162,7 +187,7 @@ func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, ok
 	before, _ := strconv.ParseFloat(reply[1], 64)
 	limit, _ := strconv.Atoi(reply[4])
 	since, _ := strconv.ParseInt(reply[5], 10, 64)
-	lr := learnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since)}
+	lr := learnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since), changed: reply[2] != ""}
 	a.mu.Lock()
 	a.rates[name] = lr
 	a.mu.Unlock()

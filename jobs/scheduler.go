@@ -124,6 +124,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.board.subscribed, s.board.onLimits = s.limits.poke, s.limits.poke
 	s.adapt = newAdaptiveRates(deps, m)
 	s.adapt.pinned = s.pinned
+	s.board.onAdapted = s.adapt.poke
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
