@@ -54,6 +54,7 @@ var sections = []section{
 	{"rate", runRate},
 	{"backlog", runBacklog},
 	{"plan", runPlan},
+	{"adaptive", runAdaptive},
 }
 
 // bench is what every section gets: the server, the settings, and a run id
