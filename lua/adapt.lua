@@ -27,13 +27,15 @@
 -- * "Slow down" (a 429 or 503, or an allowance nearly used up) cuts the
 --   rate: the first of an episode by beta; one more than a second later,
 --   while they continue, to 95% of what the upstream let through since the
---   cut (the upstream's real rate, measured) if that is lower still. One
+--   cut (the upstream's real rate, measured) if that is lower still
+--   (90% of it: the upstream's bucket is empty then, and refills only by
+--   what the rate leaves). One
 --   burst of 429s counts once: a second cut waits a second.
 -- * While calls succeed and the rate is used (its recent successes at
 --   least `busyEnough` of it: an idle quota does not creep up), once a
---   second: with no ceiling known, times grow; under the ceiling (what the
---   upstream let through before the last cut), half the way to it; at or
---   above it, a probe that starts at 1% of the ceiling and doubles each
+--   second: with no ceiling known, times growth; under 95% of the ceiling
+--   (what the upstream let through before the last cut), half the way to
+--   it; past it, a probe that starts at 2% of the ceiling and doubles each
 --   second (at most half the ceiling), so a raised limit is found in
 --   seconds and an unchanged one is passed by little.
 local key = KEYS[1]
@@ -49,8 +51,11 @@ local stated, low = tonumber(ARGV[8]), ARGV[9] == '1'
 local ttl = tonumber(ARGV[10])
 
 local second = 1000000
-local beta, busyEnough, growth = 0.7, 0.8, 1.25
+local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
 local statedHold = 60 * second
+-- near: the rate approaches this share of the ceiling quickly; past it,
+-- it probes.
+local near = 0.95
 
 local function clamp(x)
   if x < lo then return lo end
@@ -102,7 +107,7 @@ elseif (busy > 0 or low) and now - cut >= second then
   ceiling = math.min(recent, r)
   r = beta * r
   if measured > 0 then
-    r = math.min(r, 0.95 * measured)
+    r = math.min(r, settle * measured)
     ceiling = measured
   end
   r = clamp(r)
@@ -112,10 +117,10 @@ elseif (busy > 0 or low) and now - cut >= second then
 elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and recent >= busyEnough * r then
   if ceiling <= 0 then
     r = r * growth
-  elseif r < ceiling then
-    r = math.min(ceiling, r + math.max((ceiling - r) / 2, 0.01 * ceiling))
+  elseif r < 0.999 * near * ceiling then -- (r is kept to 6 decimals)
+    r = math.min(near * ceiling, r + math.max((near * ceiling - r) / 2, 0.01 * ceiling))
   elseif now >= statedUntil then
-    r = r + math.min(0.01 * ceiling * 2 ^ k, ceiling / 2)
+    r = r + math.min(0.02 * ceiling * 2 ^ k, ceiling / 2)
     k = k + 1
   end
   r = clamp(r)

@@ -1,0 +1,65 @@
+package test
+
+import (
+	"os"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/hiddenlimit"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// adaptivePhases are the issue's: the API allows 50/s, then 20/s, then
+// 50/s again, 30 s each.
+var adaptivePhases = []hiddenlimit.Phase{{Limit: 50, For: 30 * time.Second}, {Limit: 20, For: 30 * time.Second}, {Limit: 50, For: 30 * time.Second}}
+
+// TestAdaptiveQuota: 3 workers drain a backlog of http:request tasks
+// through a quota adaptive from 5 to 100/s, starting at 30, against an API
+// whose hidden limit (its own token bucket, 429 + Retry-After: 1 beyond
+// it) goes 50/s, 20/s, 50/s for 30 s each; the first worker is killed with
+// -9 mid-run and started again. In each phase after its first 10 s the
+// successes are at least 90% of the hidden limit; 429s are at most 3% of
+// all calls; the 429s that the drop to 20/s brings end within 3 s of it;
+// the restarted worker starts from the fleet's learned rate (at most 25/s
+// then, where the start is 30); no task is lost, archived, failed or got
+// through twice.
+func TestAdaptiveQuota(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, "adaptive")
+	api := hiddenlimit.NewAPI(adaptivePhases, false)
+	defer api.Close()
+	fleet := hiddenlimit.Fleet{
+		Worker: bin + "/worker", Redis: redistest.Addr(t), Dir: debugDir(t), Queue: queue,
+		Quota:   "{algorithm: leaky_bucket, limit: 30, period: 1s, burst: 1, adaptive: {min: 5, max: 100}}",
+		Workers: 3, Tasks: 7000, KillAt: 45 * time.Second,
+	}
+	res, err := fleet.Run(context.Background(), api, adaptivePhases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls, busy := 0, 0
+	for i, s := range hiddenlimit.Stats(res.Calls, adaptivePhases, 10*time.Second) {
+		t.Logf("phase %d: limit %d/s, %d calls, %d 429s, %.1f successes/s, %.1f/s after 10 s (%.0f%%)", i+1, s.Limit, s.Calls, s.Busy, s.OKPerSecond, s.Settled, 100*s.SettledShare)
+		if s.SettledShare < 0.9 {
+			t.Errorf("phase %d: %.1f successes/s after its first 10 s, %.0f%% of the hidden %d/s; want >= 90%%", i+1, s.Settled, 100*s.SettledShare, s.Limit)
+		}
+		calls += s.Calls
+		busy += s.Busy
+	}
+	if share := float64(busy) / float64(calls); share > 0.03 {
+		t.Errorf("%d of %d calls answered 429 (%.1f%%), want <= 3%%", busy, calls, 100*share)
+	}
+	if end := hiddenlimit.BusyEnd(res.Calls, adaptivePhases[0].For); end > 3*time.Second {
+		t.Errorf("the 429s after the drop to 20/s went on for %v, want <= 3s", end.Round(time.Millisecond))
+	}
+	t.Logf("the restarted worker's first learned rate: %.1f/s", res.Restarted)
+	if res.Restarted < 5 || res.Restarted > 25 {
+		t.Errorf("the restarted worker started at %.1f/s, want the fleet's learned rate of the 20/s phase (5 to 25), not the start of 30", res.Restarted)
+	}
+	if res.Twice > 0 || res.Archived > 0 || res.Failed > 0 || res.Unaccounted != 0 {
+		t.Errorf("%d tasks got through twice, %d archived, %d failed, %d unaccounted; want none", res.Twice, res.Archived, res.Failed, res.Unaccounted)
+	}
+}
+
+func debugDir(t *testing.T) string { os.MkdirAll("/tmp/adapt-debug", 0o755); return "/tmp/adapt-debug" }
