@@ -40,6 +40,12 @@ const (
 	// adaptLogEvery: a worker logs a quota's rate changes at most this
 	// often.
 	adaptLogEvery = time.Second
+	// adaptiveReserve is the furthest ahead a task of an adaptive quota
+	// books a turn (worker.reserve_max for the others): a turn is booked at
+	// the rate of its instant, and a fleet booked a minute ahead would go
+	// on at the old rate for that minute, whatever it learns meanwhile.
+	// Further tasks wait in the quota's backlog line (backlog.go).
+	adaptiveReserve = 3 * time.Second
 )
 
 var adaptScript = redis.NewScript(lua.Adapt)

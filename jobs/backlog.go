@@ -68,10 +68,11 @@ func lineOf(queue string, c claim, cost int) (backlogLine, bool) {
 	line, rate := c.g.tag, limit.Limit
 	if a := limit.Adaptive; a != nil {
 		// An adaptive quota's limit changes often (adapt.go): one line for
-		// all its versions, its tickets spaced at twice the rate, so that
-		// a rate raised since is fed (a task back too early takes a
-		// ticket again).
-		line, rate = c.g.name, min(2*limit.Limit, a.Max)
+		// all its versions, its tickets spaced at its highest rate, so that
+		// whatever rate it learns later is fed (a task back before the
+		// limit has a turn for it takes a ticket again: max - rate a
+		// second).
+		line, rate = c.g.name, a.Max
 	}
 	sum := sha256.Sum256([]byte(line + "\x00" + c.key))
 	return backlogLine{

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"os"
 	"context"
 	"testing"
 	"time"
@@ -30,7 +29,7 @@ func TestAdaptiveQuota(t *testing.T) {
 	api := hiddenlimit.NewAPI(adaptivePhases, false)
 	defer api.Close()
 	fleet := hiddenlimit.Fleet{
-		Worker: bin + "/worker", Redis: redistest.Addr(t), Dir: debugDir(t), Queue: queue,
+		Worker: bin + "/worker", Redis: redistest.Addr(t), Dir: t.TempDir(), Queue: queue,
 		Quota:   "{algorithm: leaky_bucket, limit: 30, period: 1s, burst: 1, adaptive: {min: 5, max: 100}}",
 		Workers: 3, Tasks: 7000, KillAt: 45 * time.Second,
 	}
@@ -61,5 +60,3 @@ func TestAdaptiveQuota(t *testing.T) {
 		t.Errorf("%d tasks got through twice, %d archived, %d failed, %d unaccounted; want none", res.Twice, res.Archived, res.Failed, res.Unaccounted)
 	}
 }
-
-func debugDir(t *testing.T) string { os.MkdirAll("/tmp/adapt-debug", 0o755); return "/tmp/adapt-debug" }
