@@ -146,10 +146,13 @@ func (a *adaptiveRates) report(ctx context.Context, cfg Config) {
 		var ok, busy int64
 		var stated float64
 		var low bool
-		if v, found := a.tallies.Load(name); found && !a.pinned(name) {
+		if v, found := a.tallies.Load(name); found {
 			t := v.(*upstreamTally)
 			ok, busy, low = t.ok.Swap(0), t.busy.Swap(0), t.low.Swap(false)
 			stated = math.Float64frombits(t.stated.Swap(0))
+		}
+		if a.pinned(name) {
+			ok, busy, low, stated = 0, 0, false, 0 // what the pinned limit met says nothing of the learned one
 		}
 		lr, ok2 := a.send(ctx, name, l, ok, busy, stated, low)
 		if !ok2 {

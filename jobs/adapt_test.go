@@ -3,10 +3,13 @@ package jobs
 import (
 	"context"
 	"math"
+	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -134,5 +137,120 @@ func TestAdaptController(t *testing.T) {
 	}
 	if float64(busyAll) > 0.03*float64(calls) {
 		t.Errorf("%d of %d calls answered 429, want <= 3%%", busyAll, calls)
+	}
+}
+
+// TestAdaptiveRates: on a Scheduler, against real Redis and the cluster:
+// a 429 cuts the learned rate and the quota's limit in force follows; a
+// Scheduler started later books by the learned limit from the start (the
+// rate survives restarts); a limit an upstream states (ReportUpstream from
+// a handler's context) is taken as it is; an override set live pins the
+// limit, the reports meanwhile change nothing, and after its reset the
+// learned limit is back in force; the gauge shows the learned rate.
+func TestAdaptiveRates(t *testing.T) {
+	t.Parallel()
+	for _, cluster := range []bool{false, true} {
+		t.Run(map[bool]string{false: "redis", true: "cluster"}[cluster], func(t *testing.T) {
+			rdb := runtimeRedis(t, cluster)
+			ctx := context.Background()
+			queue := redistest.Queue(t, "adaptive")
+			quota := "api-" + queue
+			file := Config{
+				Queues: map[string]QueueConfig{queue: {}},
+				Quotas: map[string]LimitConfig{quota: {Algorithm: "leaky_bucket", Limit: 30, Period: time.Second, Burst: 1, Adaptive: &AdaptiveConfig{Min: 5, Max: 100}}},
+				Tasks:  map[string]TaskConfig{"t": {Quotas: []string{quota}}},
+			}
+			s := newScheduler(t, rdb, file)
+			limit := func(s *Scheduler) int { return s.Config().Quotas[quota].Limit }
+			report := func(ans UpstreamAnswer) {
+				t.Helper()
+				hctx, r := s.adapt.reporterFor(ctx, s.gates.Load().routeOf(queue, "t").quotas)
+				if r == nil || !ReportUpstream(hctx, ans) {
+					t.Fatal("no reporter in the handler's context of a task with an adaptive quota")
+				}
+				s.adapt.report(ctx, s.Config())
+			}
+			if ReportUpstream(ctx, UpstreamAnswer{}) {
+				t.Fatal("ReportUpstream took a report outside a task's handler")
+			}
+			if limit(s) != 30 {
+				t.Fatalf("a new quota's limit is %d, want its start, 30", limit(s))
+			}
+
+			report(UpstreamAnswer{Busy: true})
+			if limit(s) != 21 {
+				t.Fatalf("after a 429 the limit in force is %d, want 30 x 0.7 = 21", limit(s))
+			}
+			if g := testutil.ToFloat64(s.metrics.adaptiveRate.WithLabelValues(quota)); g != 21 {
+				t.Fatalf("sluice_adaptive_rate is %v, want 21", g)
+			}
+			if later := newScheduler(t, rdb, file); limit(later) != 21 {
+				t.Fatalf("a Scheduler started later books at %d, want the learned 21", limit(later))
+			}
+
+			report(UpstreamAnswer{Allowance: UpstreamAllowance(http.Header{"Ratelimit-Policy": {`"burst";q=400;w=10`}})})
+			if limit(s) != 40 {
+				t.Fatalf("after the upstream stated 400 per 10 s the limit in force is %d, want 40", limit(s))
+			}
+
+			gate := GateName{QuotaGate, quota}
+			if _, err := SetLimit(ctx, rdb, file, LimitChange{Gate: gate, Limit: 12, By: "ops", Reason: "the partner asked"}); err != nil {
+				t.Fatal(err)
+			}
+			applyStored(t, s, rdb)
+			if limit(s) != 12 {
+				t.Fatalf("with an override of 12 the limit in force is %d", limit(s))
+			}
+			report(UpstreamAnswer{Busy: true})
+			report(UpstreamAnswer{Allowance: &Allowance{Limit: 90, Remaining: -1}})
+			if limit(s) != 12 || s.adapt.learned()[quota].Limit != 40 {
+				t.Fatalf("pinned: limit %d, learned %d; want 12, and the learned 40 unchanged", limit(s), s.adapt.learned()[quota].Limit)
+			}
+			if _, err := ResetLimit(ctx, rdb, file, gate, "", "ops", "done"); err != nil {
+				t.Fatal(err)
+			}
+			applyStored(t, s, rdb)
+			s.adapt.report(ctx, s.Config())
+			if limit(s) != 40 {
+				t.Fatalf("after the reset the limit in force is %d, want the learned 40", limit(s))
+			}
+		})
+	}
+}
+
+// applyStored puts the runtime limits stored in Redis in force on s, as
+// its limits watch does.
+func applyStored(t *testing.T, s *Scheduler, rdb redis.UniversalClient) {
+	t.Helper()
+	rl, err := LoadRuntimeLimits(context.Background(), rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.applyRuntime(rl)
+}
+
+// TestUpstreamAllowance: the limits an answer's headers state, each format
+// and its bounds.
+func TestUpstreamAllowance(t *testing.T) {
+	for _, tc := range []struct {
+		desc   string
+		header http.Header
+		want   *Allowance
+	}{
+		{"none", http.Header{}, nil},
+		{"current draft", http.Header{"Ratelimit-Policy": {`"default";q=100;w=60`}, "Ratelimit": {`"default";r=3;t=20`}}, &Allowance{Limit: 100, Window: time.Minute, Remaining: 3}},
+		{"earlier draft, a list: the lowest rate", http.Header{"Ratelimit-Policy": {`10;w=1, 500;w=60`}, "Ratelimit-Remaining": {"7"}}, &Allowance{Limit: 500, Window: time.Minute, Remaining: 7}},
+		{"earlier draft, limit only", http.Header{"Ratelimit-Limit": {"25"}}, &Allowance{Limit: 25, Remaining: -1}},
+		{"X-RateLimit", http.Header{"X-Ratelimit-Limit": {"5000"}, "X-Ratelimit-Remaining": {"0"}}, &Allowance{Limit: 5000, Remaining: 0}},
+		{"out of bounds", http.Header{"X-Ratelimit-Limit": {"99999999999"}, "Ratelimit-Policy": {"5;w=99999999"}}, &Allowance{Limit: 5, Remaining: -1}},
+		{"malformed", http.Header{"X-Ratelimit-Limit": {"-3"}, "Ratelimit-Policy": {`"x";q=abc`}}, nil},
+		{"too long", http.Header{"Ratelimit-Policy": {strings.Repeat("1;w=1,", 300)}}, nil},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			got := UpstreamAllowance(tc.header)
+			if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+				t.Fatalf("UpstreamAllowance = %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }
