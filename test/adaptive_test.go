@@ -60,3 +60,38 @@ func TestAdaptiveQuota(t *testing.T) {
 		t.Errorf("%d tasks got through twice, %d archived, %d failed, %d unaccounted; want none", res.Twice, res.Archived, res.Failed, res.Unaccounted)
 	}
 }
+
+// TestAdaptiveStatedLimit: an API that states its limit (RateLimit-Policy
+// and X-RateLimit-Limit: 50 a second) in every answer: the adaptive quota
+// (start 30) takes it as it is, with no 429 needed: from 5 s on, the 3
+// workers' successes are at least 95% of it, at most 1% of the calls are
+// answered 429, and the learned rate at the end is within 5% of 50.
+func TestAdaptiveStatedLimit(t *testing.T) {
+	t.Parallel()
+	phases := []hiddenlimit.Phase{{Limit: 50, For: 10 * time.Second}}
+	api := hiddenlimit.NewAPI(phases, true)
+	defer api.Close()
+	fleet := hiddenlimit.Fleet{
+		Worker: bin + "/worker", Redis: redistest.Addr(t), Dir: t.TempDir(), Queue: redistest.Queue(t, "stated"),
+		Quota:   "{algorithm: leaky_bucket, limit: 30, period: 1s, burst: 1, adaptive: {min: 5, max: 100}}",
+		Workers: 3, Tasks: 1000,
+	}
+	res, err := fleet.Run(context.Background(), api, phases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := hiddenlimit.Stats(res.Calls, phases, 5*time.Second)[0]
+	t.Logf("%d calls, %d 429s, %.1f successes/s after 5 s; learned rate at the end %.2f/s", s.Calls, s.Busy, s.Settled, res.Final)
+	if s.Settled < 0.95*50 {
+		t.Errorf("%.1f successes/s after 5 s, want >= 95%% of the stated 50/s", s.Settled)
+	}
+	if float64(s.Busy) > 0.01*float64(s.Calls) {
+		t.Errorf("%d of %d calls answered 429, want <= 1%%", s.Busy, s.Calls)
+	}
+	if res.Final < 47.5 || res.Final > 52.5 {
+		t.Errorf("the learned rate is %.2f/s, want within 5%% of the stated 50/s", res.Final)
+	}
+	if res.Twice > 0 || res.Archived > 0 || res.Failed > 0 || res.Unaccounted != 0 {
+		t.Errorf("%d tasks got through twice, %d archived, %d failed, %d unaccounted; want none", res.Twice, res.Archived, res.Failed, res.Unaccounted)
+	}
+}

@@ -153,6 +153,8 @@ type Result struct {
 	// Restarted is the learned rate the restarted worker showed (its
 	// sluice_adaptive_rate) when its metrics first answered, or -1.
 	Restarted float64
+	// Final is the learned rate the first worker showed at the end, or -1.
+	Final float64
 	// Archived, Failed: asynq's counts for the queue at the end;
 	// Unaccounted: tasks queued that are in none of its lists and never got
 	// through to the API.
@@ -161,7 +163,7 @@ type Result struct {
 
 // Run runs f against api until the phases are over.
 func (f Fleet) Run(ctx context.Context, api *API, phases []Phase) (Result, error) {
-	res := Result{Restarted: -1}
+	res := Result{Restarted: -1, Final: -1}
 	quota := "api-" + f.Queue
 	config := filepath.Join(f.Dir, f.Queue+".yaml")
 	yaml := fmt.Sprintf("redis: {addr: %q}\nqueues:\n  %s: {}\nquotas:\n  %s: %s\ntasks:\n  %s: {quotas: [%s]}\nhttp: {allow: ['%s']}\n",
@@ -213,6 +215,7 @@ func (f Fleet) Run(ctx context.Context, api *API, phases []Phase) (Result, error
 		return res, ctx.Err()
 	case <-time.After(time.Until(api.start.Add(total))):
 	}
+	res.Final = workers[0].learnedRate(quota)
 	for _, w := range workers {
 		w.stop()
 	}
