@@ -2,8 +2,10 @@ package jobs
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -60,14 +62,14 @@ const adaptedNotice = "adapted"
 // adaptKey is an adaptive quota's learned rate and controller state.
 func adaptKey(quota string) string { return throttle.Key("sluice:adapt:", quota) }
 
-// learnedRate is an adaptive quota's rate as the controller last said.
-type learnedRate struct {
+// LearnedRate is an adaptive quota's rate as the fleet learned it.
+type LearnedRate struct {
 	Rate  float64 // events per the quota's period
 	Limit int     // Rate rounded: the limit put in force
 	// Since is when Limit was set, on Redis's clock: the generation of the
 	// limit's state (LimitConfig.stateVersion), the same in every worker.
 	Since time.Time
-	// changed: this report changed the rate.
+	// changed: this report changed the rate (a worker's own report).
 	changed bool
 }
 
@@ -95,12 +97,12 @@ type adaptiveRates struct {
 	poked   chan struct{} // report now: a learned rate changed
 	tallies sync.Map      // quota -> *upstreamTally
 	mu      sync.Mutex
-	rates   map[string]learnedRate // by quota, as last read
+	rates   map[string]LearnedRate // by quota, as last read
 	logGate throttle.Limiter
 }
 
 func newAdaptiveRates(deps fleetDeps, m *Metrics) *adaptiveRates {
-	a := &adaptiveRates{fleetDeps: deps, gauge: m.adaptiveRate, rates: map[string]learnedRate{}, poked: make(chan struct{}, 1)}
+	a := &adaptiveRates{fleetDeps: deps, gauge: m.adaptiveRate, rates: map[string]LearnedRate{}, poked: make(chan struct{}, 1)}
 	a.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: adaptLogEvery})
 	return a
 }
@@ -128,7 +130,7 @@ func (a *adaptiveRates) poke() {
 }
 
 // learned is a copy of the learned rates as last read.
-func (a *adaptiveRates) learned() map[string]learnedRate {
+func (a *adaptiveRates) learned() map[string]LearnedRate {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return maps.Clone(a.rates)
@@ -175,7 +177,7 @@ func (a *adaptiveRates) report(ctx context.Context, cfg Config) {
 
 // send runs the controller of quota l (name) with one tally; false if Redis
 // did not answer (the tally is lost: the next one counts).
-func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, ok, busy int64, stated float64, low bool) (learnedRate, bool) {
+func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, ok, busy int64, stated float64, low bool) (LearnedRate, bool) {
 	adaptive := *l.Adaptive
 	lowArg := "0"
 	if low {
@@ -190,13 +192,13 @@ func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, ok
 				a.log.Warn("cannot report to an adaptive quota's controller; its rate in force stays", "quota", name, "err", err)
 			}
 		}
-		return learnedRate{}, false
+		return LearnedRate{}, false
 	}
 	rate, _ := strconv.ParseFloat(reply[0], 64)
 	before, _ := strconv.ParseFloat(reply[1], 64)
 	limit, _ := strconv.Atoi(reply[4])
 	since, _ := strconv.ParseInt(reply[5], 10, 64)
-	lr := learnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since), changed: reply[2] != ""}
+	lr := LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since), changed: reply[2] != ""}
 	a.mu.Lock()
 	a.rates[name] = lr
 	a.mu.Unlock()
@@ -270,7 +272,7 @@ func (a *adaptiveRates) note(quotas []*gate, ans UpstreamAnswer) {
 // mergeLearned puts the learned limits in place of the adaptive quotas'
 // limits in c, except on quotas a runtime limit pins; c's Quotas map must
 // be its own.
-func mergeLearned(c Config, learned map[string]learnedRate, pinned func(string) bool) Config {
+func mergeLearned(c Config, learned map[string]LearnedRate, pinned func(string) bool) Config {
 	for name, lr := range learned {
 		l, ok := c.Quotas[name]
 		if !ok || l.Adaptive == nil || pinned(name) || lr.Limit < 1 {
@@ -345,4 +347,42 @@ func (r *upstreamReporter) returned(err error, busy *UpstreamBusyError) {
 	case err == nil:
 		r.rates.note(r.quotas, UpstreamAnswer{})
 	}
+}
+
+// LearnedRates reads the learned rates of cfg's adaptive quotas (those
+// with none yet are left out), and returns cfg with them in force as the
+// workers have them: the learned limit in place of each adaptive quota's,
+// except where a runtime limit in rl pins it at now. It changes nothing.
+func LearnedRates(ctx context.Context, rdb redis.UniversalClient, cfg Config, rl []RuntimeLimit, now time.Time) (Config, map[string]LearnedRate, error) {
+	rates := map[string]LearnedRate{}
+	for _, name := range sortedKeys(cfg.Quotas) {
+		if cfg.Quotas[name].Adaptive == nil {
+			continue
+		}
+		v, err := rdb.HMGet(ctx, adaptKey(name), "r", "l", "g").Result()
+		if err != nil {
+			return cfg, nil, fmt.Errorf("jobs: reading the learned rate of quota %q: %w", name, err)
+		}
+		r, _ := v[0].(string)
+		l, _ := v[1].(string)
+		g, _ := v[2].(string)
+		rate, err1 := strconv.ParseFloat(r, 64)
+		limit, err2 := strconv.Atoi(l)
+		since, err3 := strconv.ParseInt(g, 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			continue // none learned yet
+		}
+		rates[name] = LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since)}
+	}
+	pinned := func(quota string) bool { return pinnedBy(rl, quota, now) }
+	cfg.Quotas = maps.Clone(cfg.Quotas)
+	return mergeLearned(cfg, rates, pinned), rates, nil
+}
+
+// pinnedBy reports whether a runtime limit of rl in force at now sets
+// quota's own limit: its learned rate then waits.
+func pinnedBy(rl []RuntimeLimit, quota string, now time.Time) bool {
+	return slices.ContainsFunc(rl, func(r RuntimeLimit) bool {
+		return r.Gate == (GateName{QuotaGate, quota}) && r.Key == "" && r.InForce(now)
+	})
 }

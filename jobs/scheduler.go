@@ -183,16 +183,7 @@ func (s *Scheduler) setRuntime(rl []RuntimeLimit) {
 // now: an adaptive quota's learned rate then waits.
 func (s *Scheduler) pinned(quota string) bool {
 	rl := s.pins.Load()
-	if rl == nil {
-		return false
-	}
-	now := s.clock.Now()
-	for _, r := range *rl {
-		if r.Gate == (GateName{QuotaGate, quota}) && r.Key == "" && r.InForce(now) {
-			return true
-		}
-	}
-	return false
+	return rl != nil && pinnedBy(*rl, quota, s.clock.Now())
 }
 
 // applyAdaptive puts the config in force again with the adaptive quotas'

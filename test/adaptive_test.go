@@ -2,6 +2,9 @@ package test
 
 import (
 	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,6 +93,27 @@ func TestAdaptiveStatedLimit(t *testing.T) {
 	}
 	if res.Final < 47.5 || res.Final > 52.5 {
 		t.Errorf("the learned rate is %.2f/s, want within 5%% of the stated 50/s", res.Final)
+	}
+	// enqueue status shows the learned rate, and the limit in force.
+	r := runEnqueue(t, fleet.Redis, nil, "--config", filepath.Join(fleet.Dir, fleet.Queue+".yaml"), "status", "--json")
+	var doc struct {
+		Quotas []struct {
+			Name     string
+			Limit    int
+			Adaptive *struct {
+				Rate     *float64
+				Min, Max int
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); r.code != 0 || err != nil {
+		t.Fatalf("status --json: %v\n%v", err, r)
+	}
+	if q := doc.Quotas; len(q) != 1 || q[0].Limit != 50 || q[0].Adaptive == nil || q[0].Adaptive.Rate == nil || *q[0].Adaptive.Rate != res.Final || q[0].Adaptive.Min != 5 {
+		t.Errorf("status --json shows the quotas %+v; want limit 50, adaptive rate %.2f, min 5", q, res.Final)
+	}
+	if r := runEnqueue(t, fleet.Redis, nil, "--config", filepath.Join(fleet.Dir, fleet.Queue+".yaml"), "status"); !strings.Contains(r.stdout, "adaptive 5 to 100: learned 50.00/1s") {
+		t.Errorf("status does not show the learned rate:\n%v", r)
 	}
 	if res.Twice > 0 || res.Archived > 0 || res.Failed > 0 || res.Unaccounted != 0 {
 		t.Errorf("%d tasks got through twice, %d archived, %d failed, %d unaccounted; want none", res.Twice, res.Archived, res.Failed, res.Unaccounted)
