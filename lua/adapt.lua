@@ -35,8 +35,8 @@
 --   least `busyEnough` of it: an idle quota does not creep up), once a
 --   second: with no ceiling known, times growth; under 95% of the ceiling
 --   (what the upstream let through before the last cut), half the way to
---   it; past it, a probe that starts at 2% of the ceiling and doubles each
---   second (at most half the ceiling), so a raised limit is found in
+--   it; past it, a probe that starts at 4% of the ceiling and doubles each
+--   second (at most the ceiling), so a raised limit is found in
 --   seconds and an unchanged one is passed by little.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -120,7 +120,7 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
   elseif r < 0.999 * near * ceiling then -- (r is kept to 6 decimals)
     r = math.min(near * ceiling, r + math.max((near * ceiling - r) / 2, 0.01 * ceiling))
   elseif now >= statedUntil then
-    r = r + math.min(0.02 * ceiling * 2 ^ k, ceiling / 2)
+    r = r + math.min(0.04 * ceiling * 2 ^ k, ceiling)
     k = k + 1
   end
   r = clamp(r)
