@@ -2,8 +2,10 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -252,5 +254,68 @@ func TestUpstreamAllowance(t *testing.T) {
 				t.Fatalf("UpstreamAllowance = %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestAdaptiveConfigProblems: adaptive bounds out of range, a start outside
+// them, a drain or a keyed quota made adaptive are refused, each at its key.
+func TestAdaptiveConfigProblems(t *testing.T) {
+	quota := func(l LimitConfig) Config {
+		return Config{Quotas: map[string]LimitConfig{"api": l}}
+	}
+	adaptive := func(limit, lo, hi int) LimitConfig {
+		return LimitConfig{Limit: limit, Period: time.Second, Adaptive: &AdaptiveConfig{Min: lo, Max: hi}}
+	}
+	keyed := adaptive(30, 5, 100)
+	keyed.Key = "payload.dest"
+	for _, tc := range []struct {
+		desc string
+		cfg  Config
+		key  string // "" if none
+	}{
+		{"fine", quota(adaptive(30, 5, 100)), ""},
+		{"min 0", quota(adaptive(30, 0, 100)), "quotas.api.adaptive.min"},
+		{"max below min", quota(adaptive(30, 50, 40)), "quotas.api.adaptive.max"},
+		{"max too high", quota(adaptive(30, 5, 2_000_000)), "quotas.api.adaptive.max"},
+		{"start outside", quota(adaptive(200, 5, 100)), "quotas.api.limit"},
+		{"keyed", quota(keyed), "quotas.api.adaptive"},
+		{"a drain", Config{Queues: map[string]QueueConfig{"q": {Drain: &LimitConfig{Limit: 5, Period: time.Second, Adaptive: &AdaptiveConfig{Min: 1, Max: 10}}}}}, "queues.q.drain.adaptive"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			var keys []string
+			for _, err := range tc.cfg.Defaults().Validate() {
+				var p *ConfigProblem
+				if errors.As(err, &p) {
+					keys = append(keys, p.Key)
+				}
+			}
+			if tc.key == "" && len(keys) > 0 || tc.key != "" && !slices.Contains(keys, tc.key) {
+				t.Fatalf("problems at %v, want one at %q", keys, tc.key)
+			}
+		})
+	}
+}
+
+// TestAdaptNoCreep: a quota whose rate is not used (8 successes a second
+// at a rate of 30) is not raised, however long the calls succeed; one that
+// is used is, at most once a second.
+func TestAdaptNoCreep(t *testing.T) {
+	t.Parallel()
+	c := newController(t)
+	var r adaptReply
+	for d := time.Duration(0); d < 20*time.Second; d += 250 * time.Millisecond {
+		r = c.report(d, 2, 0, 0, false)
+	}
+	if r.rate != 30 {
+		t.Fatalf("after 20 s of 8 successes a second the rate is %v, want the start, 30", r.rate)
+	}
+	changes := 0
+	for d := 20 * time.Second; d < 23*time.Second; d += 250 * time.Millisecond {
+		if r = c.report(d, 8, 0, 0, false); r.cause != "" {
+			changes++
+		}
+	}
+	if changes != 3 || r.rate <= 30 {
+		t.Fatalf("3 s of 32 successes a second: %d changes, rate %v; want 3 raises", changes, r.rate)
 	}
 }
