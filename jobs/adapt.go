@@ -204,7 +204,7 @@ func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, ok
 	a.mu.Unlock()
 	a.gauge.WithLabelValues(name).Set(rate)
 	if cause := reply[2]; cause != "" {
-		if d, _ := a.logGate.AllowN(context.Background(), name, 1); d.Allowed {
+		if d, _ := a.logGate.AllowN(context.Background(), "quota:"+name, 1); d.Allowed {
 			a.log.Info("adaptive quota: rate changed", "quota", name, "from", round2(before), "to", round2(rate),
 				"cause", cause, "recent_successes", reply[3], "per", l.Period)
 		}
