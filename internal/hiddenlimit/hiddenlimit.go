@@ -8,10 +8,10 @@ package hiddenlimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -330,13 +330,14 @@ func enqueue(opt asynq.RedisClientOpt, queue string, n int, url string) error {
 	return <-errs
 }
 
+// freeAddr is a loopback address with a port free now.
 func freeAddr() (string, error) {
-	srv := httptest.NewUnstartedServer(nil)
-	defer srv.Listener.Close()
-	if srv.Listener == nil {
-		return "", errors.New("hiddenlimit: no free port")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("hiddenlimit: no free port: %w", err)
 	}
-	return srv.Listener.Addr().String(), nil
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }
 
 // PhaseStats is what one phase saw: over the whole phase, and over the
