@@ -65,12 +65,13 @@ func NewAPI(phases []Phase, state bool) *API {
 	return a
 }
 
-// Start begins the first phase now.
-func (a *API) Start() {
+// Start begins the first phase now, and returns when.
+func (a *API) Start() time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.start, a.last = time.Now(), time.Now()
 	a.tokens = a.burst(a.phases[0].Limit)
+	return a.start
 }
 
 func (a *API) burst(limit int) float64 { return math.Max(1, float64(limit)/5) }
@@ -187,7 +188,7 @@ func (f Fleet) Run(ctx context.Context, api *API, phases []Phase) (Result, error
 			}
 		}
 	}()
-	api.Start()
+	start := api.Start()
 	for i := range workers {
 		w, err := f.start(ctx, config, i)
 		if err != nil {
@@ -213,7 +214,7 @@ func (f Fleet) Run(ctx context.Context, api *API, phases []Phase) (Result, error
 	select {
 	case <-ctx.Done():
 		return res, ctx.Err()
-	case <-time.After(time.Until(api.start.Add(total))):
+	case <-time.After(time.Until(start.Add(total))):
 	}
 	res.Final = workers[0].learnedRate(quota)
 	for _, w := range workers {
