@@ -411,7 +411,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 		wait = time.Second // no usable Retry-After: a short pause, then ask the quotas again
 	}
 	longest := time.Duration(0)
-	var cut []string // adaptive quotas, not blocked
+	cut := 0 // adaptive quotas, not blocked
 	vars := varsOf(queue, id, t)
 	for _, g := range gs.quotasOf(t.Type()) {
 		block := wait
@@ -426,7 +426,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 			continue
 		}
 		if g.limit.Adaptive != nil && block <= adaptiveBlockOver && !s.pinned(g.key) {
-			cut = append(cut, g.key) // its rate is cut instead (adapt.go): a pause would end in a burst
+			cut++ // its rate is cut instead (adapt.go): a pause would end in a burst
 			continue
 		}
 		s.board.block(g.key, s.clock.Now().Add(block))
@@ -438,7 +438,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 	if len(gs.quotasOf(t.Type())) == 0 {
 		longest = min(wait, defaultMaxBlock) // no quota to bound it: the default
 	}
-	if len(cut) < len(gs.quotasOf(t.Type())) {
+	if cut < len(gs.quotasOf(t.Type())) {
 		s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", longest)
 	}
 	return s.waitInRedis(ctx, task, askAgainIn{longest})
