@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/jobs"
 )
@@ -152,8 +153,11 @@ type Result struct {
 	// Twice is how many tasks got through to the API more than once.
 	Twice int
 	// Restarted is the learned rate the restarted worker showed (its
-	// sluice_adaptive_rate) when its metrics first answered, or -1.
+	// sluice_adaptive_rate) when its metrics first answered, or -1;
+	// FleetRate the fleet's learned rate in Redis just before it started
+	// and just after that (jobs.LearnedRates), lower first.
 	Restarted float64
+	FleetRate [2]float64
 	// Final is the learned rate the first worker showed at the end, or -1.
 	Final float64
 	// Archived, Failed: asynq's counts for the queue at the end;
@@ -204,12 +208,21 @@ func (f Fleet) Run(ctx context.Context, api *API, phases []Phase) (Result, error
 		}
 		workers[0].cmd.Process.Kill()
 		workers[0].wait()
+		before, err := fleetRate(ctx, f.Redis, quota)
+		if err != nil {
+			return res, err
+		}
 		w, err := f.start(ctx, config, 0)
 		if err != nil {
 			return res, err
 		}
 		workers[0] = w
 		res.Restarted = w.learnedRate(quota)
+		after, err := fleetRate(ctx, f.Redis, quota)
+		if err != nil {
+			return res, err
+		}
+		res.FleetRate = [2]float64{min(before, after), max(before, after)}
 	}
 	select {
 	case <-ctx.Done():
@@ -304,6 +317,16 @@ func (p *process) learnedRate(quota string) float64 {
 		}
 	}
 	return -1
+}
+
+// fleetRate is quota's learned rate in Redis, as enqueue status reads it
+// (0 if none yet).
+func fleetRate(ctx context.Context, addr, quota string) (float64, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	defer rdb.Close()
+	cfg := jobs.Config{Quotas: map[string]jobs.LimitConfig{quota: {Adaptive: &jobs.AdaptiveConfig{}}}}
+	_, rates, err := jobs.LearnedRates(ctx, rdb, cfg, nil, time.Now())
+	return rates[quota].Rate, err
 }
 
 // enqueue queues n http:request tasks calling url/call/<i>.
