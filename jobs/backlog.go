@@ -65,11 +65,20 @@ func lineOf(queue string, c claim, cost int) (backlogLine, bool) {
 	if limit.Limit <= 0 || limit.Period <= 0 {
 		return backlogLine{}, false
 	}
-	sum := sha256.Sum256([]byte(c.g.tag + "\x00" + c.key))
+	line, rate := c.g.tag, limit.Limit
+	if a := limit.Adaptive; a != nil {
+		// An adaptive quota's limit changes often (adapt.go): one line for
+		// all its versions, its tickets spaced at its highest rate, so that
+		// whatever rate it learns later is fed (a task back before the
+		// limit has a turn for it takes a ticket again: max - rate a
+		// second).
+		line, rate = c.g.name, a.Max
+	}
+	sum := sha256.Sum256([]byte(line + "\x00" + c.key))
 	return backlogLine{
 		gate:     c.g.name,
 		key:      backlogLineKey(queue, hex.EncodeToString(sum[:12])),
-		interval: max(1, int64(cost)*limit.Period.Microseconds()/int64(limit.Limit)),
+		interval: max(1, int64(cost)*limit.Period.Microseconds()/int64(rate)),
 	}, true
 }
 

@@ -39,6 +39,9 @@ type blockBoard struct {
 	// time the board has subscribed (it may have missed some). Either may
 	// be nil.
 	onLimits, subscribed func()
+	// onAdapted, if not nil, is called when a worker changed an adaptive
+	// quota's learned rate (adaptedNotice, adapt.go).
+	onAdapted func()
 }
 
 func newBlockBoard(deps fleetDeps) *blockBoard {
@@ -160,6 +163,10 @@ func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
 		case m.Payload == limitsChangedNotice:
 			if b.onLimits != nil {
 				b.onLimits()
+			}
+		case m.Payload == adaptedNotice:
+			if b.onAdapted != nil {
+				b.onAdapted()
 			}
 		default:
 			b.takeBlock(m.Payload)

@@ -174,6 +174,9 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 	queue, cost := task.queue, r.cost
 	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
 	reserveMax := gs.cfg.Worker.ReserveMax
+	if r.adaptive {
+		reserveMax = min(reserveMax, adaptiveReserve)
+	}
 	var line backlogLine
 	var lineAhead bool
 	if backlogs && task.fresh {

@@ -110,7 +110,15 @@ type LimitConfig struct {
 	// field, a wrong type): OnKeyErrorDefault ("" means it too) or
 	// OnKeyErrorWait. Keyed limits only.
 	OnKeyError string
+	// Adaptive, if set (quotas only), makes the quota learn its upstream's
+	// real limit from the answers of its calls (adapt.go): Limit is then
+	// the rate it starts from, and the fleet's learned rate takes its
+	// place within [Min, Max].
+	Adaptive *AdaptiveConfig
 
+	// startLimit is an adaptive quota's Limit in its file, where a learned
+	// limit took its place (mergeLearned); 0 if none did.
+	startLimit int
 	// generation is the µs of the limit's last runtime change (set, reset
 	// or lapse), 0 if none: its state's version (stateVersion).
 	generation int64
@@ -126,6 +134,17 @@ const (
 	// it runs); each time is counted and logged.
 	OnKeyErrorWait = "wait"
 )
+
+// AdaptiveConfig bounds an adaptive quota's learned rate, in events per
+// the quota's period. Both are required.
+type AdaptiveConfig struct {
+	Min int
+	Max int
+}
+
+// maxAdaptiveRate bounds adaptive.max: a learned rate is a float kept in
+// Redis and rounded to a limit, far below where rounding matters.
+const maxAdaptiveRate = 1_000_000
 
 // LimitOverride is one key value's own limit; zero fields are inherited.
 type LimitOverride struct {
@@ -387,6 +406,9 @@ func (c Config) Validate() []error {
 		errs = append(errs, validateSlotPolicy(key, q.ConcurrencyOnRedisError)...)
 		if q.Drain != nil {
 			errs = append(errs, q.Drain.validate(key+".drain")...)
+			if q.Drain.Adaptive != nil {
+				bad(key+".drain.adaptive", "applies to quotas only: a drain is sluice's own pace, an upstream's answers say nothing of it")
+			}
 			if q.Drain.MaxBlock != 0 {
 				bad(key+".drain.max_block", "applies to quotas only: an upstream's Retry-After blocks the quotas of the task's type, never a queue's drain")
 			}
@@ -419,6 +441,7 @@ func (c Config) Validate() []error {
 		if mb := c.Quotas[name].MaxBlock; mb < time.Second || mb > maxMaxBlock {
 			bad("quotas."+name+".max_block", "must be between 1s and %v, got %v", maxMaxBlock, mb)
 		}
+		errs = append(errs, c.Quotas[name].validateAdaptive("quotas."+name+".adaptive")...)
 		switch l := c.Quotas[name]; {
 		case l.Guard != 0 && l.Algorithm == string(throttle.FixedWindow):
 			bad("quotas."+name+".guard", "a fixed_window counts the upstream's own calendar windows, which a guard cannot widen; for an upstream that counts any sliding period use sliding_log")
@@ -487,6 +510,39 @@ func slotPolicy(policy string) string {
 		return OnRedisErrorWait
 	}
 	return policy
+}
+
+// validateAdaptive checks a quota's adaptive bounds, at key.
+func (l LimitConfig) validateAdaptive(key string) []error {
+	a := l.Adaptive
+	if a == nil {
+		return nil
+	}
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, configProblem(key, format, args...))
+	}
+	switch {
+	case a.Min < 1 || a.Min > maxAdaptiveRate:
+		bad(key+".min", "must be between 1 and %d, got %d", maxAdaptiveRate, a.Min)
+	case a.Max < a.Min || a.Max > maxAdaptiveRate:
+		bad(key+".max", "must be between min (%d) and %d, got %d", a.Min, maxAdaptiveRate, a.Max)
+	case l.Limit < a.Min || l.Limit > a.Max:
+		bad(strings.TrimSuffix(key, ".adaptive")+".limit", "is the adaptive quota's starting rate: it must be between adaptive.min (%d) and adaptive.max (%d), got %d", a.Min, a.Max, l.Limit)
+	}
+	if l.Key != "" {
+		bad(key, "is not supported on a keyed quota yet (one learned rate per key value is not built); remove %s or the key", key)
+	}
+	if len(errs) == 0 {
+		for _, rate := range []int{a.Min, a.Max} {
+			at := l
+			at.Limit = rate
+			if err := at.Spec().Validate(); err != nil {
+				bad(key, "the quota is not a valid limit at rate %d: %v", rate, err)
+			}
+		}
+	}
+	return errs
 }
 
 func (l LimitConfig) validate(key string) []error {

@@ -60,6 +60,9 @@ type route struct {
 	fair bool
 	// slots: the task takes a concurrency slot (of its queue or its type).
 	slots bool
+	// adaptive: a quota is adaptive, so turns are booked at most
+	// adaptiveReserve ahead.
+	adaptive bool
 }
 
 type routeKey struct{ queue, typ string }
@@ -86,6 +89,7 @@ func (gs *gateSet) newRoute(queue, typ string) *route {
 	r.gates = append(r.gates, r.quotas...)
 	for _, g := range r.gates {
 		r.keyed = r.keyed || g.expr != nil
+		r.adaptive = r.adaptive || g.limit.Adaptive != nil
 	}
 	if !r.keyed && len(r.gates) > 0 {
 		for _, g := range r.gates {

@@ -24,6 +24,7 @@ type Metrics struct {
 	runtimeLimits *prometheus.GaugeVec     // gate
 	turnWait      *prometheus.HistogramVec // queue
 	admitted      *prometheus.CounterVec   // gate
+	adaptiveRate  *prometheus.GaugeVec     // quota
 }
 
 // NewMetrics registers the metrics on reg.
@@ -103,8 +104,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_gate_admitted_tasks_total",
 			Help: "Tasks whose handler started after they passed the gate, by gate (drain:<queue>, quota:<name>, fair:<queue>).",
 		}, []string{"gate"}),
+		adaptiveRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_adaptive_rate",
+			Help: "The rate an adaptive quota learned from its upstream's answers, fleet-wide, in events per the quota's period, by quota (its limit in force is this rounded, or an override set live).",
+		}, []string{"quota"}),
 	}
-	reg.MustRegister(m.turnWait, m.admitted, m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
+	reg.MustRegister(m.adaptiveRate, m.turnWait, m.admitted, m.runtimeLimits, m.keyWaits, m.keyFallbacks, m.decisions, m.bookings, m.evaluations, m.woken, m.throttled, m.waited, m.remaining,
 		m.scriptSeconds, m.redisErrors, m.fallbacks, m.upstreamBusy, m.completed, m.slotsLost)
 	return m
 }

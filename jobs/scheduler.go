@@ -75,13 +75,14 @@ type Scheduler struct {
 	*booker               // a task's turns on its gates (booking.go)
 
 	// The fleet's housekeeping, one service each, run by Run.
-	fleet   *fleetSize    // live workers in the fleet, for the local policy
-	board   *blockBoard   // quotas an upstream blocked
-	waker   *waker        // tasks that wait in Redis, brought back when due
-	rescuer *orphanRescue // tasks orphaned by a worker's death
-	rates   *rateRecorder // completions not yet added to the fleet's rate buckets
-	limits  *limitsWatch  // the runtime limits set live (runtimelimits.go)
-	changes changeWork    // what config changes leave to do, awaited by Run
+	fleet   *fleetSize     // live workers in the fleet, for the local policy
+	board   *blockBoard    // quotas an upstream blocked
+	waker   *waker         // tasks that wait in Redis, brought back when due
+	rescuer *orphanRescue  // tasks orphaned by a worker's death
+	rates   *rateRecorder  // completions not yet added to the fleet's rate buckets
+	limits  *limitsWatch   // the runtime limits set live (runtimelimits.go)
+	adapt   *adaptiveRates // the adaptive quotas' learned rates (adapt.go)
+	changes changeWork     // what config changes leave to do, awaited by Run
 
 	// The config in force is file with runtime merged onto it; applying
 	// holds applyMu, so that a file's change and a runtime one do not
@@ -90,6 +91,8 @@ type Scheduler struct {
 	file       Config
 	runtime    []RuntimeLimit
 	runtimeSig string // runtimeSignature of runtime when it was put in force
+	// pins is runtime, for adapt's reads outside applyMu.
+	pins atomic.Pointer[[]RuntimeLimit]
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -119,6 +122,9 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.rates = &rateRecorder{fleetDeps: deps}
 	s.limits = newLimitsWatch(deps, s.applyRuntime)
 	s.board.subscribed, s.board.onLimits = s.limits.poke, s.limits.poke
+	s.adapt = newAdaptiveRates(deps, m)
+	s.adapt.pinned = s.pinned
+	s.board.onAdapted = s.adapt.poke
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
@@ -131,11 +137,15 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	if rl, err := LoadRuntimeLimits(ctx, rdb); err != nil {
 		log.Warn("cannot read the runtime limits; the file's are in force until they are read", "err", err)
 	} else {
-		s.runtime, s.runtimeSig = rl, s.runtimeSignature(rl)
-		cfg = s.merged(cfg)
+		s.setRuntime(rl)
 		s.countRuntime()
 	}
+	// Likewise the adaptive quotas' learned rates: a worker that starts
+	// later books by the fleet's from its first task.
+	s.adapt.report(ctx, cfg)
+	cfg = s.merged(cfg)
 	cancel()
+	s.adapt.changed = s.applyAdaptive
 	gs, err := s.newGateSet(cfg)
 	if err != nil {
 		return nil, err
@@ -156,9 +166,37 @@ func (s *Scheduler) merged(file Config) Config {
 	cfg := file.WithRuntimeLimits(s.runtime, s.clock.Now()).Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		s.log.Error("the runtime limits do not fit the config file; the file's limits are in force until they are reset", "err", errors.Join(errs...))
-		return file
+		cfg = file
 	}
-	return cfg
+	cfg.Quotas = maps.Clone(cfg.Quotas)
+	return mergeLearned(cfg, s.adapt.learned(), s.pinned)
+}
+
+// setRuntime makes rl the runtime limits in force; applyMu is held, or s
+// is new.
+func (s *Scheduler) setRuntime(rl []RuntimeLimit) {
+	s.runtime, s.runtimeSig = rl, s.runtimeSignature(rl)
+	s.pins.Store(&rl)
+}
+
+// pinned reports whether a runtime limit in force sets quota's own limit
+// now: an adaptive quota's learned rate then waits.
+func (s *Scheduler) pinned(quota string) bool {
+	rl := s.pins.Load()
+	return rl != nil && pinnedBy(*rl, quota, s.clock.Now())
+}
+
+// applyAdaptive puts the config in force again with the adaptive quotas'
+// learned limits: the gates whose limit changed take over what their
+// predecessors counted, and the tasks held here book again; tasks waiting
+// in Redis are not brought forward (a learned rate moves often): each
+// books again at the new rate when it comes back for its old turn.
+func (s *Scheduler) applyAdaptive() {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	if err := s.putInForce(s.merged(s.file), false); err != nil {
+		s.log.Error("cannot put an adaptive quota's learned rate in force; the limits in force stay", "err", err)
+	}
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
@@ -202,7 +240,7 @@ func (s *Scheduler) Apply(cfg Config) error {
 	}
 	s.applyMu.Lock()
 	defer s.applyMu.Unlock()
-	if err := s.putInForce(s.merged(cfg)); err != nil {
+	if err := s.putInForce(s.merged(cfg), true); err != nil {
 		return err
 	}
 	s.file = cfg
@@ -240,8 +278,8 @@ func (s *Scheduler) applyRuntime(rl []RuntimeLimit) {
 	if sig == s.runtimeSig {
 		return
 	}
-	s.runtime, s.runtimeSig = rl, sig
-	if err := s.putInForce(s.merged(s.file)); err != nil {
+	s.setRuntime(rl)
+	if err := s.putInForce(s.merged(s.file), true); err != nil {
 		s.log.Error("cannot put the runtime limits in force; the limits in force stay", "err", err)
 		return
 	}
@@ -260,8 +298,10 @@ func (s *Scheduler) countRuntime() {
 	}
 }
 
-// putInForce puts cfg, checked, in force; applyMu is held.
-func (s *Scheduler) putInForce(cfg Config) error {
+// putInForce puts cfg, checked, in force; applyMu is held. With rebook,
+// tasks waiting in Redis for turns of changed gates are brought forward to
+// book again.
+func (s *Scheduler) putInForce(cfg Config, rebook bool) error {
 	old := s.gates.Load()
 	if was, now := slices.Sorted(maps.Keys(old.cfg.Queues)), slices.Sorted(maps.Keys(cfg.Queues)); !slices.Equal(was, now) {
 		return fmt.Errorf("%w: the queues would change from %v to %v; the config in force stays", ErrRestartNeeded, was, now)
@@ -274,7 +314,9 @@ func (s *Scheduler) putInForce(cfg Config) error {
 		old.close()
 		if stale := changedTags(old, gs); len(stale) > 0 {
 			close(old.replaced) // tasks waiting here book again
-			s.changes.do(func(ctx context.Context) { s.waker.rebook(ctx, gs, stale) })
+			if rebook {
+				s.changes.do(func(ctx context.Context) { s.waker.rebook(ctx, gs, stale) })
+			}
 		}
 	}
 	return nil
@@ -410,7 +452,9 @@ booking:
 	}
 	tk.start(gs.typeLabel(t.Type()))
 	s.countAdmitted(gs, queue, t.Type())
-	err := next.ProcessTask(slots.ctx, t)
+	quotas := gs.routeOf(queue, t.Type()).quotas
+	handlerCtx, reporter := s.adapt.reporterFor(slots.ctx, quotas)
+	err := next.ProcessTask(handlerCtx, t)
 	tk.returned = true
 	if tk.giveBack() && err != nil {
 		// Stopped for losing a concurrency slot: not a failure of the
@@ -426,6 +470,7 @@ booking:
 		result = "error"
 	}
 	tk.complete(result)
+	reporter.returned(err, busy)
 	if busy != nil {
 		return s.upstreamBusy(ctx, gs, task, busy)
 	}

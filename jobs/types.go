@@ -47,7 +47,9 @@ type HTTPRequestPayload struct {
 }
 
 // UpstreamBusyError reports that a third-party API answered 429 or 503; the
-// gates stop drawing on the task type's quotas until RetryAfter has passed.
+// gates stop drawing on the task type's quotas until RetryAfter has passed
+// (an adaptive quota's rate is cut instead, for a RetryAfter up to 5s; see
+// ReportUpstream).
 // RetryAfter is 0 when the answer had no usable Retry-After header.
 type UpstreamBusyError struct {
 	Status     int
@@ -253,7 +255,12 @@ func (h *httpRequestHandler) ProcessTask(ctx context.Context, t *asynq.Task) err
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 		resp.Body.Close()
 	}()
-	if busy := UpstreamBusy(resp); busy != nil {
+	busy := UpstreamBusy(resp)
+	if busy != nil || resp.StatusCode/100 == 2 {
+		// For the adaptive quotas: what the upstream said of its limit too.
+		ReportUpstream(ctx, UpstreamAnswer{Busy: busy != nil, Allowance: UpstreamAllowance(resp.Header)})
+	}
+	if busy != nil {
 		return fmt.Errorf("%s: %s %s: %w", TypeHTTPRequest, p.Method, req.URL.Redacted(), busy)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode >= 300 {

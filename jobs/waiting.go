@@ -411,6 +411,7 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 		wait = time.Second // no usable Retry-After: a short pause, then ask the quotas again
 	}
 	longest := time.Duration(0)
+	cut := 0 // adaptive quotas, not blocked
 	vars := varsOf(queue, id, t)
 	for _, g := range gs.quotasOf(t.Type()) {
 		block := wait
@@ -424,6 +425,10 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 			s.blockKey(ctx, g, s.claimOf(g, vars), block)
 			continue
 		}
+		if g.limit.Adaptive != nil && block <= adaptiveBlockOver && !s.pinned(g.key) {
+			cut++ // its rate is cut instead (adapt.go): a pause would end in a burst
+			continue
+		}
 		s.board.block(g.key, s.clock.Now().Add(block))
 		if err := g.lim.Block(ctx, g.key, block); err != nil {
 			s.log.Warn("cannot block a quota after an upstream said no", "quota", g.key, "err", err)
@@ -433,7 +438,9 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 	if len(gs.quotasOf(t.Type())) == 0 {
 		longest = min(wait, defaultMaxBlock) // no quota to bound it: the default
 	}
-	s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", longest)
+	if cut < len(gs.quotasOf(t.Type())) {
+		s.log.Info("upstream busy: quotas blocked", "type", t.Type(), "status", busy.Status, "for", longest)
+	}
 	return s.waitInRedis(ctx, task, askAgainIn{longest})
 }
 

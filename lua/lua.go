@@ -70,6 +70,10 @@ var Wake = join("common.lua", "fair.lua", "wake.lua")
 // ready.lua).
 var Ready = join("ready.lua")
 
+// Adapt is the controller of an adaptive quota's learned rate (see
+// adapt.lua).
+var Adapt = join("common.lua", "adapt.lua")
+
 // Allow is the script of one limit's AllowN or ReserveN for each
 // algorithm (see allow_window.lua, allow_counter.lua, allow_log.lua and
 // allow_bucket.lua), holding only that algorithm's code, with the fewest

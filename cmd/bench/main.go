@@ -55,6 +55,7 @@ var sections = []section{
 	{"backlog", runBacklog},
 	{"plan", runPlan},
 	{"page", runPage},
+	{"adaptive", runAdaptive},
 }
 
 // bench is what every section gets: the server, the settings, and a run id

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -150,6 +151,16 @@ type gateStatus struct {
 	// place of the file's limit; LiveKeys: so many key values have one.
 	Live     bool `json:"live,omitempty"`
 	LiveKeys int  `json:"live_keys,omitempty"`
+	// Adaptive, for an adaptive quota: the rate the fleet learned (Limit
+	// is it rounded, unless set live) and its bounds.
+	Adaptive *adaptiveStatus `json:"adaptive,omitempty"`
+}
+
+type adaptiveStatus struct {
+	Rate    *float64 `json:"rate"` // events per period; null: none learned yet (the start is in force)
+	Min     int      `json:"min"`
+	Max     int      `json:"max"`
+	Learned string   `json:"learned_at,omitempty"` // when its limit was last changed
 }
 
 type workerStatus struct {
@@ -326,6 +337,10 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		return s, err
 	}
 	cfg = cfg.WithRuntimeLimits(rl, s.Time).Defaults()
+	cfg, learned, err := jobs.LearnedRates(ctx, rdb, cfg, rl, s.Time)
+	if err != nil {
+		return s, err
+	}
 	live := func(g *gateStatus, gate jobs.GateName) {
 		for _, r := range rl {
 			if r.Gate == gate && r.InForce(s.Time) {
@@ -385,6 +400,13 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		gate := jobs.GateName{Kind: jobs.QuotaGate, Name: name}
 		g := newGateStatus(name, cfg.Quotas[name], levels, gate.String())
 		live(&g, gate)
+		if a := cfg.Quotas[name].Adaptive; a != nil {
+			g.Adaptive = &adaptiveStatus{Min: a.Min, Max: a.Max}
+			if lr, ok := learned[name]; ok {
+				rate := math.Round(lr.Rate*100) / 100
+				g.Adaptive.Rate, g.Adaptive.Learned = &rate, lr.Since.UTC().Format(time.RFC3339)
+			}
+		}
 		s.Quotas = append(s.Quotas, g)
 	}
 	servers, err := inspector.Servers()
@@ -487,6 +509,13 @@ func (g gateStatus) describe() string {
 		s += " (set live: limits list)"
 	case g.LiveKeys > 0:
 		s += fmt.Sprintf(" (%d keys set live: limits list --keys)", g.LiveKeys)
+	}
+	if a := g.Adaptive; a != nil {
+		learned := "none learned yet"
+		if a.Rate != nil {
+			learned = fmt.Sprintf("learned %.2f/%s", *a.Rate, g.Period)
+		}
+		s += fmt.Sprintf(" (adaptive %d to %d: %s)", a.Min, a.Max, learned)
 	}
 	return s
 }

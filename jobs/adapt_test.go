@@ -1,0 +1,321 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// controller runs adapt.lua on one quota's state at instants the test
+// chooses (ARGV now), with adaptive bounds 5 to 100 and a start of 30 per
+// second.
+type controller struct {
+	t   *testing.T
+	rdb redis.UniversalClient
+	key string
+	t0  time.Time
+}
+
+type adaptReply struct {
+	rate, before float64
+	cause        string
+	limit        int
+}
+
+func newController(t *testing.T) *controller {
+	t.Helper()
+	return &controller{t: t, rdb: redistest.Client(t), key: adaptKey(redistest.Queue(t, "adapt")), t0: time.Unix(1_800_000_000, 0)}
+}
+
+// report sends one tally at d after t0.
+func (c *controller) report(d time.Duration, ok, busy int, stated float64, low bool) adaptReply {
+	c.t.Helper()
+	lowArg := "0"
+	if low {
+		lowArg = "1"
+	}
+	reply, err := adaptScript.Run(context.Background(), c.rdb, []string{c.key}, c.t0.Add(d).UnixMicro(), 5, 100, 30,
+		time.Second.Microseconds(), ok, busy, strconv.FormatFloat(stated, 'f', 6, 64), lowArg, 60).StringSlice()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	rate, _ := strconv.ParseFloat(reply[0], 64)
+	before, _ := strconv.ParseFloat(reply[1], 64)
+	limit, _ := strconv.Atoi(reply[4])
+	return adaptReply{rate: rate, before: before, cause: reply[2], limit: limit}
+}
+
+// hiddenBucket is an upstream's own limit: limit a second, a burst of a
+// fifth of a second of it.
+type hiddenBucket struct {
+	tokens float64
+	limit  float64
+}
+
+func (b *hiddenBucket) advance(dt time.Duration) {
+	b.tokens = math.Min(math.Max(1, b.limit/5), b.tokens+dt.Seconds()*b.limit)
+}
+
+func (b *hiddenBucket) call() bool {
+	if b.tokens >= 1 {
+		b.tokens--
+		return true
+	}
+	return false
+}
+
+// TestAdaptController: the controller alone against a simulated upstream
+// whose hidden limit goes 50/s, 20/s, 50/s for 30 s each, a fleet sending
+// at the limit in force (evenly, its reports every 250 ms, the limit they
+// read back in force from the next step): after each phase's first 10 s
+// the upstream lets through at least 90% of its limit; at most 3% of the
+// calls are answered 429; the 429s of the drop to 20/s end within 3 s of
+// it. The end-to-end test (test/adaptive_test.go) has the same bounds
+// with real workers.
+func TestAdaptController(t *testing.T) {
+	t.Parallel()
+	c := newController(t)
+	phases := []struct {
+		limit float64
+		for_  time.Duration
+	}{{50, 30 * time.Second}, {20, 30 * time.Second}, {50, 30 * time.Second}}
+	const step = 10 * time.Millisecond
+	const every = 250 * time.Millisecond
+	up := &hiddenBucket{limit: 50, tokens: 10}
+	limit, owed := 30, 0.0
+	var at time.Duration
+	var ok, busy, calls, busyAll int
+	var dropEnd time.Duration // the last 429 of those the drop began, before a second without one
+	dropQuiet := false
+	for i, p := range phases {
+		up.limit = p.limit
+		from := at
+		settledOK := 0
+		for ; at < from+p.for_; at += step {
+			up.advance(step)
+			for owed += float64(limit) * step.Seconds(); owed >= 1; owed-- {
+				calls++
+				if up.call() {
+					ok++
+					if at >= from+10*time.Second {
+						settledOK++
+					}
+				} else {
+					busy++
+					busyAll++
+					if i == 1 && !dropQuiet {
+						dropEnd = at - from
+					}
+				}
+			}
+			if (at+step)%every == 0 {
+				r := c.report(at, ok, busy, 0, false)
+				ok, busy, limit = 0, 0, r.limit
+			}
+			if i == 1 && at-from-dropEnd >= time.Second {
+				dropQuiet = true
+			}
+		}
+		got := float64(settledOK) / (p.for_ - 10*time.Second).Seconds()
+		t.Logf("phase %d: hidden %v/s, %.1f/s after 10 s", i+1, p.limit, got)
+		if got < 0.9*p.limit {
+			t.Errorf("phase %d: %.1f successes/s after 10 s, want >= 90%% of %v", i+1, got, p.limit)
+		}
+	}
+	t.Logf("%d of %d calls 429 (%.2f%%); the drop's 429s ended %v after it", busyAll, calls, 100*float64(busyAll)/float64(calls), dropEnd)
+	if dropEnd > 3*time.Second {
+		t.Errorf("the 429s the drop to 20/s began went on for %v, want <= 3s", dropEnd)
+	}
+	if float64(busyAll) > 0.03*float64(calls) {
+		t.Errorf("%d of %d calls answered 429, want <= 3%%", busyAll, calls)
+	}
+}
+
+// TestAdaptiveRates: on a Scheduler, against real Redis and the cluster:
+// a 429 cuts the learned rate and the quota's limit in force follows; a
+// Scheduler started later books by the learned limit from the start (the
+// rate survives restarts); a limit an upstream states (ReportUpstream from
+// a handler's context) is taken as it is; an override set live pins the
+// limit, the reports meanwhile change nothing, and after its reset the
+// learned limit is back in force; the gauge shows the learned rate.
+func TestAdaptiveRates(t *testing.T) {
+	t.Parallel()
+	for _, cluster := range []bool{false, true} {
+		t.Run(map[bool]string{false: "redis", true: "cluster"}[cluster], func(t *testing.T) {
+			rdb := runtimeRedis(t, cluster)
+			ctx := context.Background()
+			queue := redistest.Queue(t, "adaptive")
+			quota := "api-" + queue
+			file := Config{
+				Queues: map[string]QueueConfig{queue: {}},
+				Quotas: map[string]LimitConfig{quota: {Algorithm: "leaky_bucket", Limit: 30, Period: time.Second, Burst: 1, Adaptive: &AdaptiveConfig{Min: 5, Max: 100}}},
+				Tasks:  map[string]TaskConfig{"t": {Quotas: []string{quota}}},
+			}
+			s := newScheduler(t, rdb, file)
+			limit := func(s *Scheduler) int { return s.Config().Quotas[quota].Limit }
+			report := func(ans UpstreamAnswer) {
+				t.Helper()
+				hctx, r := s.adapt.reporterFor(ctx, s.gates.Load().routeOf(queue, "t").quotas)
+				if r == nil || !ReportUpstream(hctx, ans) {
+					t.Fatal("no reporter in the handler's context of a task with an adaptive quota")
+				}
+				s.adapt.report(ctx, s.Config())
+			}
+			if ReportUpstream(ctx, UpstreamAnswer{}) {
+				t.Fatal("ReportUpstream took a report outside a task's handler")
+			}
+			if limit(s) != 30 {
+				t.Fatalf("a new quota's limit is %d, want its start, 30", limit(s))
+			}
+
+			report(UpstreamAnswer{Busy: true})
+			if limit(s) != 21 {
+				t.Fatalf("after a 429 the limit in force is %d, want 30 x 0.7 = 21", limit(s))
+			}
+			if g := testutil.ToFloat64(s.metrics.adaptiveRate.WithLabelValues(quota)); g != 21 {
+				t.Fatalf("sluice_adaptive_rate is %v, want 21", g)
+			}
+			if later := newScheduler(t, rdb, file); limit(later) != 21 {
+				t.Fatalf("a Scheduler started later books at %d, want the learned 21", limit(later))
+			}
+
+			report(UpstreamAnswer{Allowance: UpstreamAllowance(http.Header{"Ratelimit-Policy": {`"burst";q=400;w=10`}})})
+			if limit(s) != 40 {
+				t.Fatalf("after the upstream stated 400 per 10 s the limit in force is %d, want 40", limit(s))
+			}
+
+			gate := GateName{QuotaGate, quota}
+			if _, err := SetLimit(ctx, rdb, file, LimitChange{Gate: gate, Limit: 12, By: "ops", Reason: "the partner asked"}); err != nil {
+				t.Fatal(err)
+			}
+			applyStored(t, s, rdb)
+			if limit(s) != 12 {
+				t.Fatalf("with an override of 12 the limit in force is %d", limit(s))
+			}
+			report(UpstreamAnswer{Busy: true})
+			report(UpstreamAnswer{Allowance: &Allowance{Limit: 90, Remaining: -1}})
+			if limit(s) != 12 || s.adapt.learned()[quota].Limit != 40 {
+				t.Fatalf("pinned: limit %d, learned %d; want 12, and the learned 40 unchanged", limit(s), s.adapt.learned()[quota].Limit)
+			}
+			if _, err := ResetLimit(ctx, rdb, file, gate, "", "ops", "done"); err != nil {
+				t.Fatal(err)
+			}
+			applyStored(t, s, rdb)
+			s.adapt.report(ctx, s.Config())
+			if limit(s) != 40 {
+				t.Fatalf("after the reset the limit in force is %d, want the learned 40", limit(s))
+			}
+		})
+	}
+}
+
+// applyStored puts the runtime limits stored in Redis in force on s, as
+// its limits watch does.
+func applyStored(t *testing.T, s *Scheduler, rdb redis.UniversalClient) {
+	t.Helper()
+	rl, err := LoadRuntimeLimits(context.Background(), rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.applyRuntime(rl)
+}
+
+// TestUpstreamAllowance: the limits an answer's headers state, each format
+// and its bounds.
+func TestUpstreamAllowance(t *testing.T) {
+	for _, tc := range []struct {
+		desc   string
+		header http.Header
+		want   *Allowance
+	}{
+		{"none", http.Header{}, nil},
+		{"current draft", http.Header{"Ratelimit-Policy": {`"default";q=100;w=60`}, "Ratelimit": {`"default";r=3;t=20`}}, &Allowance{Limit: 100, Window: time.Minute, Remaining: 3}},
+		{"earlier draft, a list: the lowest rate", http.Header{"Ratelimit-Policy": {`10;w=1, 500;w=60`}, "Ratelimit-Remaining": {"7"}}, &Allowance{Limit: 500, Window: time.Minute, Remaining: 7}},
+		{"earlier draft, limit only", http.Header{"Ratelimit-Limit": {"25"}}, &Allowance{Limit: 25, Remaining: -1}},
+		{"X-RateLimit", http.Header{"X-Ratelimit-Limit": {"5000"}, "X-Ratelimit-Remaining": {"0"}}, &Allowance{Limit: 5000, Remaining: 0}},
+		{"out of bounds", http.Header{"X-Ratelimit-Limit": {"99999999999"}, "Ratelimit-Policy": {"5;w=99999999"}}, &Allowance{Limit: 5, Remaining: -1}},
+		{"malformed", http.Header{"X-Ratelimit-Limit": {"-3"}, "Ratelimit-Policy": {`"x";q=abc`}}, nil},
+		{"too long", http.Header{"Ratelimit-Policy": {strings.Repeat("1;w=1,", 300)}}, nil},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			got := UpstreamAllowance(tc.header)
+			if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+				t.Fatalf("UpstreamAllowance = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestAdaptiveConfigProblems: adaptive bounds out of range, a start outside
+// them, a drain or a keyed quota made adaptive are refused, each at its key.
+func TestAdaptiveConfigProblems(t *testing.T) {
+	quota := func(l LimitConfig) Config {
+		return Config{Quotas: map[string]LimitConfig{"api": l}}
+	}
+	adaptive := func(limit, lo, hi int) LimitConfig {
+		return LimitConfig{Limit: limit, Period: time.Second, Adaptive: &AdaptiveConfig{Min: lo, Max: hi}}
+	}
+	keyed := adaptive(30, 5, 100)
+	keyed.Key = "payload.dest"
+	for _, tc := range []struct {
+		desc string
+		cfg  Config
+		key  string // "" if none
+	}{
+		{"fine", quota(adaptive(30, 5, 100)), ""},
+		{"min 0", quota(adaptive(30, 0, 100)), "quotas.api.adaptive.min"},
+		{"max below min", quota(adaptive(30, 50, 40)), "quotas.api.adaptive.max"},
+		{"max too high", quota(adaptive(30, 5, 2_000_000)), "quotas.api.adaptive.max"},
+		{"start outside", quota(adaptive(200, 5, 100)), "quotas.api.limit"},
+		{"keyed", quota(keyed), "quotas.api.adaptive"},
+		{"a drain", Config{Queues: map[string]QueueConfig{"q": {Drain: &LimitConfig{Limit: 5, Period: time.Second, Adaptive: &AdaptiveConfig{Min: 1, Max: 10}}}}}, "queues.q.drain.adaptive"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			var keys []string
+			for _, err := range tc.cfg.Defaults().Validate() {
+				var p *ConfigProblem
+				if errors.As(err, &p) {
+					keys = append(keys, p.Key)
+				}
+			}
+			if tc.key == "" && len(keys) > 0 || tc.key != "" && !slices.Contains(keys, tc.key) {
+				t.Fatalf("problems at %v, want one at %q", keys, tc.key)
+			}
+		})
+	}
+}
+
+// TestAdaptNoCreep: a quota whose rate is not used (8 successes a second
+// at a rate of 30) is not raised, however long the calls succeed; one that
+// is used is, at most once a second.
+func TestAdaptNoCreep(t *testing.T) {
+	t.Parallel()
+	c := newController(t)
+	var r adaptReply
+	for d := time.Duration(0); d < 20*time.Second; d += 250 * time.Millisecond {
+		r = c.report(d, 2, 0, 0, false)
+	}
+	if r.rate != 30 {
+		t.Fatalf("after 20 s of 8 successes a second the rate is %v, want the start, 30", r.rate)
+	}
+	changes := 0
+	for d := 20 * time.Second; d < 23*time.Second; d += 250 * time.Millisecond {
+		if r = c.report(d, 8, 0, 0, false); r.cause != "" {
+			changes++
+		}
+	}
+	if changes != 3 || r.rate <= 30 {
+		t.Fatalf("3 s of 32 successes a second: %d changes, rate %v; want 3 raises", changes, r.rate)
+	}
+}
