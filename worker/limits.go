@@ -137,9 +137,13 @@ type gateView struct {
 	WaitingAtLeast bool `json:"waiting_at_least,omitempty"`
 	// DonePerSecond: the fleet completed its queue's tasks at this rate
 	// over the last minute; ThroughSeconds: its backlog (pending, waiting
-	// and active) is through in this long at that rate.
+	// and active) is through in this long at that rate (throughOf).
 	DonePerSecond  *float64 `json:"done_per_second"`
 	ThroughSeconds *float64 `json:"through_seconds"`
+	// ThroughAtLeast: ThroughSeconds is at the drain's rate, before the
+	// fleet has one of its own: the backlog takes at least that long (a
+	// quota may hold it back more).
+	ThroughAtLeast bool `json:"through_at_least,omitempty"`
 	// AdmittedPerSecond and ThrottledPerSecond are this worker's over the
 	// last rateWindow (null until two samples are that far apart).
 	AdmittedPerSecond  *float64   `json:"admitted_per_second"`
@@ -269,7 +273,7 @@ func (p *limitsPage) readGates(ctx context.Context, v *limitsView, file jobs.Con
 			g.Level, g.Capacity = &level, capacityOf(l.InForce)
 		}
 		if l.Gate.Kind == jobs.DrainGate {
-			if err := p.readQueue(ctx, &g, l.Gate.Name, known); err != nil {
+			if err := p.readQueue(ctx, &g, l.Gate.Name, known, &l.InForce); err != nil {
 				return err
 			}
 		}
@@ -285,7 +289,7 @@ func (p *limitsPage) readGates(ctx context.Context, v *limitsView, file jobs.Con
 		if qc.Fairness != nil {
 			g := gateView{Gate: "fair:" + q, Kind: "fair", File: "a fair share of the drain by " + qc.Fairness.Key}
 			g.InForce = g.File
-			if err := p.readQueue(ctx, &g, q, known); err != nil {
+			if err := p.readQueue(ctx, &g, q, known, nil); err != nil {
 				return err
 			}
 			if g.Keys, err = p.busiest(ctx, cfg, g.Gate); err != nil {
@@ -318,8 +322,9 @@ func (p *limitsPage) readGates(ctx context.Context, v *limitsView, file jobs.Con
 }
 
 // readQueue fills g with queue's counts and rate, as enqueue status reads
-// them.
-func (p *limitsPage) readQueue(ctx context.Context, g *gateView, queue string, known []string) error {
+// them, and when its backlog is through (throughOf; drain: the queue's
+// drain in force, if any).
+func (p *limitsPage) readQueue(ctx context.Context, g *gateView, queue string, known []string, drain *jobs.LimitSpec) error {
 	pending, waiting, active := 0, 0, 0
 	if slices.Contains(known, queue) {
 		info, err := p.inspector.GetQueueInfo(queue)
@@ -345,11 +350,30 @@ func (p *limitsPage) readQueue(ctx context.Context, g *gateView, queue string, k
 		return err
 	}
 	g.Pending, g.Waiting, g.DonePerSecond = &pending, &waiting, &rate
-	if rate > 0 {
-		through := float64(pending+waiting+active) / rate
-		g.ThroughSeconds = &through
-	}
+	g.ThroughSeconds, g.ThroughAtLeast = throughOf(pending+waiting+active, rate, drain)
 	return nil
+}
+
+// throughOf is how long a backlog of tasks takes at done, the rate the
+// fleet did the queue's tasks over the last minute, or, before it has one
+// (a drain's first seconds, when an operator looks), at least how long at
+// the rate of the queue's drain (atLeast); nil if neither is known (a
+// keyed drain's rate is each key's).
+func throughOf(backlog int, done float64, drain *jobs.LimitSpec) (seconds *float64, atLeast bool) {
+	rate := done
+	if rate <= 0 && backlog > 0 && drain != nil && drain.Key == "" {
+		if period, err := time.ParseDuration(drain.Period); err == nil && period > 0 {
+			rate, atLeast = float64(drain.Limit)/period.Seconds(), true
+		}
+	}
+	if backlog == 0 {
+		return new(float64), false // through
+	}
+	if rate <= 0 {
+		return nil, false
+	}
+	through := float64(backlog) / rate
+	return &through, atLeast
 }
 
 // busiest lists gate's busiest keys.

@@ -3,6 +3,8 @@ package worker
 import (
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/jobs"
 )
 
 // TestLimitsPageRates: the page's admitted and throttled per second are a
@@ -38,6 +40,39 @@ func TestLimitsPageRates(t *testing.T) {
 	for i := range want {
 		if h[i] != want[i] {
 			t.Errorf("history[%d] = %+v, want %+v", i, h[i], want[i])
+		}
+	}
+}
+
+// TestLimitsPageThrough: a queue's backlog is through at the rate the
+// fleet did its tasks over the last minute; in a drain's first seconds,
+// before there is one, at least as long as at the drain's own rate (a
+// quota may hold it back more; the page showed "-" then, when an operator
+// looks first); not at a keyed drain's, which is each key's.
+func TestLimitsPageThrough(t *testing.T) {
+	drain := &jobs.LimitSpec{Algorithm: "leaky_bucket", Limit: 20, Period: "1s", Burst: 1}
+	keyed := &jobs.LimitSpec{Algorithm: "leaky_bucket", Limit: 20, Period: "1s", Key: "payload.customer"}
+	for _, c := range []struct {
+		name    string
+		backlog int
+		done    float64
+		drain   *jobs.LimitSpec
+		want    float64 // -1: none
+		atLeast bool
+	}{
+		{"measured", 100, 10, drain, 10, false},
+		{"no rate yet: at least at the drain's", 91, 0, drain, 4.55, true},
+		{"per 2 s", 91, 0, &jobs.LimitSpec{Limit: 10, Period: "2s"}, 18.2, true},
+		{"no rate yet, keyed drain", 91, 0, keyed, -1, false},
+		{"no rate yet, no drain", 91, 0, nil, -1, false},
+		{"no backlog", 0, 0, drain, 0, false},
+	} {
+		got, atLeast := throughOf(c.backlog, c.done, c.drain)
+		switch {
+		case c.want < 0 && got != nil:
+			t.Errorf("%s: through in %v s, want none", c.name, *got)
+		case c.want >= 0 && (got == nil || *got < c.want-1e-9 || *got > c.want+1e-9 || atLeast != c.atLeast):
+			t.Errorf("%s: through in %v (at least: %v), want %v s (%v)", c.name, got, atLeast, c.want, c.atLeast)
 		}
 	}
 }

@@ -71,7 +71,7 @@
       el("td", { "data-field": "pending" }, [text(g.pending)]),
       el("td", { "data-field": "waiting" }, [text(g.waiting) + (g.waiting_at_least ? "+" : "")]),
       el("td", { "data-field": "done" }, [rate(g.done_per_second)]),
-      el("td", { "data-field": "through" }, [seconds(g.through_seconds)]),
+      el("td", { "data-field": "through" }, [(g.through_at_least ? "\u2265 " : "") + seconds(g.through_seconds)]),
       el("td", { "data-field": "admitted" }, [rate(g.admitted_per_second)]),
       el("td", { "data-field": "throttled" }, [rate(g.throttled_per_second)]),
       el("td", { class: "chart" }, [chart(g.history)]),
