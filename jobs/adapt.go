@@ -96,13 +96,20 @@ type adaptiveRates struct {
 
 	poked   chan struct{} // report now: a learned rate changed
 	tallies sync.Map      // quota -> *upstreamTally
+	keyed   sync.Map      // keyed quota -> *quotaKeys (adaptkeys.go)
+	// The bounds of the key values kept (adaptkeys.go): maxAdaptiveKeys,
+	// adaptKeyIdle and adaptKeyTTL, but for tests.
+	maxKeys int
+	keyIdle time.Duration
+	keyTTL  time.Duration
 	mu      sync.Mutex
 	rates   map[string]LearnedRate // by quota, as last read
 	logGate throttle.Limiter
 }
 
 func newAdaptiveRates(deps fleetDeps, m *Metrics) *adaptiveRates {
-	a := &adaptiveRates{fleetDeps: deps, gauge: m.adaptiveRate, rates: map[string]LearnedRate{}, poked: make(chan struct{}, 1)}
+	a := &adaptiveRates{fleetDeps: deps, gauge: m.adaptiveRate, rates: map[string]LearnedRate{}, poked: make(chan struct{}, 1),
+		maxKeys: maxAdaptiveKeys, keyIdle: adaptKeyIdle, keyTTL: adaptKeyTTL}
 	a.logGate, _ = throttle.NewLocal(throttle.Spec{Algorithm: throttle.SlidingLog, Limit: 1, Period: adaptLogEvery})
 	return a
 }
@@ -137,27 +144,33 @@ func (a *adaptiveRates) learned() map[string]LearnedRate {
 }
 
 // report sends every adaptive quota of cfg its tally and reads its rate
-// back; if a learned limit is not the one in force, it calls changed.
+// back (a keyed quota's, each of its key values in use: reportKeys); if a
+// learned limit is not the one in force, it calls changed.
 func (a *adaptiveRates) report(ctx context.Context, cfg Config) {
 	stale, changed := false, false
+	gs := a.gates()
 	for _, name := range sortedKeys(cfg.Quotas) {
 		l := cfg.Quotas[name]
 		if l.Adaptive == nil {
 			continue
 		}
-		var ok, busy int64
-		var stated float64
-		var low bool
+		if l.Key != "" {
+			var learned *learnedGates
+			if gs != nil && gs.quotas[name] != nil {
+				learned = gs.quotas[name].learned
+			}
+			changed = a.reportKeys(ctx, name, l, learned) || changed
+			continue
+		}
+		var t tallied
 		if v, found := a.tallies.Load(name); found {
-			t := v.(*upstreamTally)
-			ok, busy, low = t.ok.Swap(0), t.busy.Swap(0), t.low.Swap(false)
-			stated = math.Float64frombits(t.stated.Swap(0))
+			t = v.(*upstreamTally).take()
 		}
 		if a.pinned(name) {
-			ok, busy, low, stated = 0, 0, false, 0 // what the pinned limit met says nothing of the learned one
+			t = tallied{} // what the pinned limit met says nothing of the learned one
 		}
-		lr, ok2 := a.send(ctx, name, l, ok, busy, stated, low)
-		if !ok2 {
+		lr, ok := a.send(ctx, name, l, t)
+		if !ok {
 			continue
 		}
 		if lr.Limit != l.Limit && !a.pinned(name) {
@@ -177,16 +190,10 @@ func (a *adaptiveRates) report(ctx context.Context, cfg Config) {
 
 // send runs the controller of quota l (name) with one tally; false if Redis
 // did not answer (the tally is lost: the next one counts).
-func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, ok, busy int64, stated float64, low bool) (LearnedRate, bool) {
-	adaptive := *l.Adaptive
-	lowArg := "0"
-	if low {
-		lowArg = "1"
-	}
-	reply, err := adaptScript.Run(ctx, a.rdb, []string{adaptKey(name)}, a.clock.scriptNow(),
-		adaptive.Min, adaptive.Max, l.startRate(), l.Period.Microseconds(), ok, busy,
-		strconv.FormatFloat(stated, 'f', 6, 64), lowArg, int64(adaptTTL/time.Second)).StringSlice()
-	if err != nil || len(reply) != 6 {
+func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, t tallied) (LearnedRate, bool) {
+	reply, err := adaptScript.Run(ctx, a.rdb, []string{adaptKey(name)}, adaptArgs(a.clock.scriptNow(), l, t, adaptTTL)...).StringSlice()
+	lr, cause, ok := parseAdapt(reply)
+	if err != nil || !ok {
 		if ctx.Err() == nil {
 			if d, _ := a.logGate.AllowN(context.Background(), "redis", 1); d.Allowed {
 				a.log.Warn("cannot report to an adaptive quota's controller; its rate in force stays", "quota", name, "err", err)
@@ -194,18 +201,14 @@ func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, ok
 		}
 		return LearnedRate{}, false
 	}
-	rate, _ := strconv.ParseFloat(reply[0], 64)
-	before, _ := strconv.ParseFloat(reply[1], 64)
-	limit, _ := strconv.Atoi(reply[4])
-	since, _ := strconv.ParseInt(reply[5], 10, 64)
-	lr := LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since), changed: reply[2] != ""}
 	a.mu.Lock()
 	a.rates[name] = lr
 	a.mu.Unlock()
-	a.gauge.WithLabelValues(name).Set(rate)
-	if cause := reply[2]; cause != "" {
+	a.gauge.WithLabelValues(name).Set(lr.Rate)
+	if cause != "" {
+		before, _ := strconv.ParseFloat(reply[1], 64)
 		if d, _ := a.logGate.AllowN(context.Background(), "quota:"+name, 1); d.Allowed {
-			a.log.Info("adaptive quota: rate changed", "quota", name, "from", round2(before), "to", round2(rate),
+			a.log.Info("adaptive quota: rate changed", "quota", name, "from", round2(before), "to", round2(lr.Rate),
 				"cause", cause, "recent_successes", reply[3], "per", l.Period)
 		}
 	}
@@ -232,40 +235,45 @@ func (a *adaptiveRates) tally(quota string) *upstreamTally {
 	return v.(*upstreamTally)
 }
 
-// note adds one answer to the tallies of quotas.
-func (a *adaptiveRates) note(quotas []*gate, ans UpstreamAnswer) {
-	for _, g := range quotas {
-		if g.limit.Adaptive == nil {
+// note adds one answer to the tallies of a task's adaptive quotas.
+func (a *adaptiveRates) note(targets []adaptTarget, ans UpstreamAnswer) {
+	for _, t := range targets {
+		if t.g.expr != nil {
+			a.noteKey(t.g, t.stored, ans)
 			continue
 		}
-		t := a.tally(g.key)
-		switch {
-		case ans.Busy:
-			t.busy.Add(1)
-		default:
-			t.ok.Add(1)
+		a.tally(t.g.key).add(t.g.limit, ans)
+	}
+}
+
+// add counts one answer of an upstream of quota l.
+func (t *upstreamTally) add(l LimitConfig, ans UpstreamAnswer) {
+	switch {
+	case ans.Busy:
+		t.busy.Add(1)
+	default:
+		t.ok.Add(1)
+	}
+	al := ans.Allowance
+	if al == nil || al.Limit <= 0 {
+		return
+	}
+	window := al.Window
+	if window <= 0 {
+		window = l.Period
+	}
+	perPeriod := float64(al.Limit) * float64(l.Period) / float64(window)
+	for {
+		old := t.stated.Load()
+		if was := math.Float64frombits(old); was != 0 && was <= perPeriod {
+			break
 		}
-		al := ans.Allowance
-		if al == nil || al.Limit <= 0 {
-			continue
+		if t.stated.CompareAndSwap(old, math.Float64bits(perPeriod)) {
+			break
 		}
-		window := al.Window
-		if window <= 0 {
-			window = g.limit.Period
-		}
-		perPeriod := float64(al.Limit) * float64(g.limit.Period) / float64(window)
-		for {
-			old := t.stated.Load()
-			if was := math.Float64frombits(old); was != 0 && was <= perPeriod {
-				break
-			}
-			if t.stated.CompareAndSwap(old, math.Float64bits(perPeriod)) {
-				break
-			}
-		}
-		if al.Remaining >= 0 && al.Remaining*50 <= al.Limit {
-			t.low.Store(true) // 2% or less left
-		}
+	}
+	if al.Remaining >= 0 && al.Remaining*50 <= al.Limit {
+		t.low.Store(true) // 2% or less left
 	}
 }
 
@@ -275,7 +283,7 @@ func (a *adaptiveRates) note(quotas []*gate, ans UpstreamAnswer) {
 func mergeLearned(c Config, learned map[string]LearnedRate, pinned func(string) bool) Config {
 	for name, lr := range learned {
 		l, ok := c.Quotas[name]
-		if !ok || l.Adaptive == nil || pinned(name) || lr.Limit < 1 {
+		if !ok || l.Adaptive == nil || l.Key != "" || pinned(name) || lr.Limit < 1 {
 			continue
 		}
 		l.startLimit = l.Limit
@@ -289,11 +297,19 @@ func mergeLearned(c Config, learned map[string]LearnedRate, pinned func(string) 
 // reporterKey carries a task's reporter in its handler's context.
 type reporterKey struct{}
 
-// upstreamReporter takes a handler's reports for its task's quotas.
+// upstreamReporter takes a handler's reports for its task's adaptive
+// quotas.
 type upstreamReporter struct {
 	rates    *adaptiveRates
-	quotas   []*gate
+	targets  []adaptTarget
 	reported atomic.Bool // the handler reported: its return is not counted again
+}
+
+// adaptTarget is an adaptive quota a task drew on, and for a keyed one the
+// task's key value as the quota keeps it.
+type adaptTarget struct {
+	g      *gate
+	stored string
 }
 
 // UpstreamAnswer is what one call to an upstream answered, as a handler
@@ -318,20 +334,30 @@ func ReportUpstream(ctx context.Context, ans UpstreamAnswer) bool {
 		return false
 	}
 	r.reported.Store(true)
-	r.rates.note(r.quotas, ans)
+	r.rates.note(r.targets, ans)
 	return true
 }
 
 // reporterFor returns ctx carrying a reporter for a task that draws on
 // quotas, if any of them is adaptive, and the reporter (nil if none).
-func (a *adaptiveRates) reporterFor(ctx context.Context, quotas []*gate) (context.Context, *upstreamReporter) {
+// keyOf gives the task's key value on a keyed quota.
+func (a *adaptiveRates) reporterFor(ctx context.Context, quotas []*gate, keyOf func(*gate) string) (context.Context, *upstreamReporter) {
+	var targets []adaptTarget
 	for _, g := range quotas {
-		if g.limit.Adaptive != nil {
-			r := &upstreamReporter{rates: a, quotas: quotas}
-			return context.WithValue(ctx, reporterKey{}, r), r
+		if g.limit.Adaptive == nil {
+			continue
 		}
+		t := adaptTarget{g: g}
+		if g.expr != nil {
+			t.stored = g.limit.storedKey(keyOf(g))
+		}
+		targets = append(targets, t)
 	}
-	return ctx, nil
+	if targets == nil {
+		return ctx, nil
+	}
+	r := &upstreamReporter{rates: a, targets: targets}
+	return context.WithValue(ctx, reporterKey{}, r), r
 }
 
 // returned counts what the handler returned, unless it reported itself:
@@ -343,9 +369,9 @@ func (r *upstreamReporter) returned(err error, busy *UpstreamBusyError) {
 	}
 	switch {
 	case busy != nil:
-		r.rates.note(r.quotas, UpstreamAnswer{Busy: true})
+		r.rates.note(r.targets, UpstreamAnswer{Busy: true})
 	case err == nil:
-		r.rates.note(r.quotas, UpstreamAnswer{})
+		r.rates.note(r.targets, UpstreamAnswer{})
 	}
 }
 
@@ -356,23 +382,16 @@ func (r *upstreamReporter) returned(err error, busy *UpstreamBusyError) {
 func LearnedRates(ctx context.Context, rdb redis.UniversalClient, cfg Config, rl []RuntimeLimit, now time.Time) (Config, map[string]LearnedRate, error) {
 	rates := map[string]LearnedRate{}
 	for _, name := range sortedKeys(cfg.Quotas) {
-		if cfg.Quotas[name].Adaptive == nil {
-			continue
+		if cfg.Quotas[name].Adaptive == nil || cfg.Quotas[name].Key != "" {
+			continue // a keyed quota's rates are its key values' (LearnedKeyRates)
 		}
-		v, err := rdb.HMGet(ctx, adaptKey(name), "r", "l", "g").Result()
+		lr, ok, err := readLearned(ctx, rdb, adaptKey(name))
 		if err != nil {
 			return cfg, nil, fmt.Errorf("jobs: reading the learned rate of quota %q: %w", name, err)
 		}
-		r, _ := v[0].(string)
-		l, _ := v[1].(string)
-		g, _ := v[2].(string)
-		rate, err1 := strconv.ParseFloat(r, 64)
-		limit, err2 := strconv.Atoi(l)
-		since, err3 := strconv.ParseInt(g, 10, 64)
-		if err1 != nil || err2 != nil || err3 != nil {
-			continue // none learned yet
+		if ok {
+			rates[name] = lr
 		}
-		rates[name] = LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since)}
 	}
 	pinned := func(quota string) bool { return pinnedBy(rl, quota, now) }
 	cfg.Quotas = maps.Clone(cfg.Quotas)

@@ -166,7 +166,7 @@ func TestAdaptiveRates(t *testing.T) {
 			limit := func(s *Scheduler) int { return s.Config().Quotas[quota].Limit }
 			report := func(ans UpstreamAnswer) {
 				t.Helper()
-				hctx, r := s.adapt.reporterFor(ctx, s.gates.Load().routeOf(queue, "t").quotas)
+				hctx, r := s.adapt.reporterFor(ctx, s.gates.Load().routeOf(queue, "t").quotas, nil)
 				if r == nil || !ReportUpstream(hctx, ans) {
 					t.Fatal("no reporter in the handler's context of a task with an adaptive quota")
 				}
@@ -258,7 +258,8 @@ func TestUpstreamAllowance(t *testing.T) {
 }
 
 // TestAdaptiveConfigProblems: adaptive bounds out of range, a start outside
-// them, a drain or a keyed quota made adaptive are refused, each at its key.
+// them and a drain made adaptive are refused, each at its key; a keyed
+// quota may be adaptive.
 func TestAdaptiveConfigProblems(t *testing.T) {
 	quota := func(l LimitConfig) Config {
 		return Config{Quotas: map[string]LimitConfig{"api": l}}
@@ -278,7 +279,7 @@ func TestAdaptiveConfigProblems(t *testing.T) {
 		{"max below min", quota(adaptive(30, 50, 40)), "quotas.api.adaptive.max"},
 		{"max too high", quota(adaptive(30, 5, 2_000_000)), "quotas.api.adaptive.max"},
 		{"start outside", quota(adaptive(200, 5, 100)), "quotas.api.limit"},
-		{"keyed", quota(keyed), "quotas.api.adaptive"},
+		{"keyed: one learned rate per key value", quota(keyed), ""},
 		{"a drain", Config{Queues: map[string]QueueConfig{"q": {Drain: &LimitConfig{Limit: 5, Period: time.Second, Adaptive: &AdaptiveConfig{Min: 1, Max: 10}}}}}, "queues.q.drain.adaptive"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {

@@ -341,11 +341,15 @@ func (b *booker) keyedClaim(g *gate, vars *taskVars, wait bool) (claim, bool) {
 }
 
 // claimOn is the claim on keyed gate g of a task whose key value is key:
-// on the value as g keeps it, with its own limit if it has one.
+// on the value as g keeps it, with its own limit if it has one (an
+// override, or else the rate a keyed adaptive quota learned for it).
 func (g *gate) claimOn(key string) claim {
 	key = g.limit.storedKey(key)
 	if ov := g.overrides.of(key, true); ov != nil {
 		return claim{g: g, lim: ov.lim, key: key}
+	}
+	if lg := g.learned.of(key); lg != nil {
+		return claim{g: lg, lim: lg.lim, key: key}
 	}
 	return claim{g: g, lim: g.lim, key: key}
 }
@@ -423,7 +427,7 @@ func (b *booker) lent(ctx context.Context, gs *gateSet, task taskRef, r *route, 
 		return false
 	}
 	pool := r.pool
-	if r.keyed && !r.fair {
+	if r.keyed && !r.fair && !r.learns {
 		pool = gs.poolOf(claims, r.cost)
 	}
 	if pool == nil {

@@ -433,7 +433,7 @@ func TestBookLiveChange(t *testing.T) {
 	gs := f.s.gates.Load()
 	task := refOf(ctx, f.queue, "held", asynq.NewTask("test:call", nil))
 	result := make(chan holdResult, 1)
-	go func() { result <- f.s.hold(ctx, gs, task, ahead.ready.Sub(f.clock.Now())) }()
+	go func() { result <- f.s.hold(ctx, gs, task, ahead.ready.Sub(f.clock.Now()), nil) }()
 	testkit.WaitFor(t, 5*time.Second, "the task to wait in the worker", func() bool { return f.clock.Waiting() > 0 })
 	cfg := f.s.Config()
 	raised := limit("leaky_bucket", 50, 1, "deny")

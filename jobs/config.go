@@ -530,9 +530,6 @@ func (l LimitConfig) validateAdaptive(key string) []error {
 	case l.Limit < a.Min || l.Limit > a.Max:
 		bad(strings.TrimSuffix(key, ".adaptive")+".limit", "is the adaptive quota's starting rate: it must be between adaptive.min (%d) and adaptive.max (%d), got %d", a.Min, a.Max, l.Limit)
 	}
-	if l.Key != "" {
-		bad(key, "is not supported on a keyed quota yet (one learned rate per key value is not built); remove %s or the key", key)
-	}
 	if len(errs) == 0 {
 		for _, rate := range []int{a.Min, a.Max} {
 			at := l

@@ -63,6 +63,11 @@ type route struct {
 	// adaptive: a quota is adaptive, so turns are booked at most
 	// adaptiveReserve ahead.
 	adaptive bool
+	// learns: a keyed quota is adaptive, so its key values' limits change
+	// often, each to a gate of its own (learnedGates): turns are not lent,
+	// as a pool's lease of an old limit would keep turns the new one
+	// counts as taken.
+	learns bool
 }
 
 type routeKey struct{ queue, typ string }
@@ -90,6 +95,7 @@ func (gs *gateSet) newRoute(queue, typ string) *route {
 	for _, g := range r.gates {
 		r.keyed = r.keyed || g.expr != nil
 		r.adaptive = r.adaptive || g.limit.Adaptive != nil
+		r.learns = r.learns || g.limit.Adaptive != nil && g.expr != nil
 	}
 	if !r.keyed && len(r.gates) > 0 {
 		for _, g := range r.gates {
@@ -116,6 +122,14 @@ type gate struct {
 	// overrides are the key values with a limit of their own (keyed),
 	// their gates built on first use; nil if there are none.
 	overrides *overrideGates
+	// learned are the key values at their learned limits, if the gate is a
+	// keyed adaptive quota's (adaptkeys.go); nil otherwise.
+	learned *learnedGates
+	// superseded, on a key value's gate at its learned limit, is closed
+	// when the value's limit changed to another gate (supersede): the tasks
+	// held here for turns booked on it book again. nil on other gates.
+	superseded chan struct{}
+	supersede  func()
 	// fair: the gate is a queue's fair share (fairGate.share): it has no
 	// limit of its own, and its claim is booked and counted with the
 	// drain's.
@@ -145,6 +159,15 @@ type gateOptions struct {
 	// local builds the rate gates on in-process limiters on clock, and no
 	// fair shares: a plan's (plan.go), which touches no state in Redis.
 	local bool
+	// adapt, if set, keeps the learned rates of keyed adaptive quotas'
+	// key values (a Scheduler's); pinned reports whether a runtime limit
+	// sets a quota's own limit now.
+	adapt  *adaptiveRates
+	pinned func(quota string) bool
+	// replacing, if set, is the gate the one built takes over from (a key
+	// value's learned limit changed), instead of its predecessor in
+	// previous.
+	replacing *gate
 }
 
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
@@ -187,7 +210,11 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		if o.clock != nil {
 			opts = append(opts, throttle.WithClock(o.clock))
 		}
-		if was := o.previous.predecessor(kind, name, keyed); was != nil && was.limit.stateVersion() != version && was.limit.Algorithm == l.Algorithm {
+		was := o.replacing
+		if was == nil {
+			was = o.previous.predecessor(kind, name, keyed)
+		}
+		if was != nil && was.limit.stateVersion() != version && was.limit.Algorithm == l.Algorithm {
 			opts = append(opts, throttle.Replacing(was.lim))
 		}
 		var lim throttle.Reserver
@@ -207,6 +234,28 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		}
 		if g.expr, err = compileKey(l.Key); err != nil {
 			return nil, fmt.Errorf("jobs: %s %q: key: %w", kind, name, err)
+		}
+		if l.Adaptive != nil && o.adapt != nil && !o.local {
+			g.learned = &learnedGates{rates: o.adapt, quota: name, limit: l, pinned: o.pinned != nil && o.pinned(name)}
+			g.learned.build = func(stored string, limit int, generation int64, was *gate) (*gate, error) {
+				o := o
+				o.previous, o.replacing = nil, was
+				if was == nil {
+					o.replacing = g
+				}
+				at := l.override(LimitOverride{Limit: limit})
+				at.generation = generation
+				lg, err := newGateWith(o, kind, name, at, name+"\x00"+stored)
+				if err != nil {
+					return nil, err
+				}
+				// Named and keyed as the quota's gate (metrics, pools), its
+				// key value the limiter key.
+				lg.name, lg.key, lg.expr = g.name, stored, g.expr
+				superseded := make(chan struct{})
+				lg.superseded, lg.supersede = superseded, sync.OnceFunc(func() { close(superseded) })
+				return lg, nil
+			}
 		}
 		if len(l.Overrides) > 0 {
 			g.overrides = &overrideGates{limits: map[string]LimitOverride{}}

@@ -200,7 +200,8 @@ func (s *Scheduler) applyAdaptive() {
 }
 
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
-	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations, previous: s.gates.Load()}
+	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations, previous: s.gates.Load(),
+		adapt: s.adapt, pinned: s.pinned}
 	if s.clock.injected {
 		o.clock = s.clock.Clock
 	}
@@ -405,7 +406,7 @@ booking:
 			if wait <= 0 {
 				break booking
 			}
-			switch s.hold(ctx, gs, task, wait) {
+			switch s.hold(ctx, gs, task, wait, o.turns.claims) {
 			case held:
 				break booking
 			case toRedis:
@@ -415,6 +416,10 @@ booking:
 				return s.waitInRedis(ctx, task, dueBack{d: wait - requeueLead, at: o.at.Add(-requeueLead)})
 			case limitsChanged:
 				s.giveBackStale(ctx, gs, tk) // booked at the old rate: book at the new one
+			case keyRateChanged:
+				// Booked at a key value's old learned rate: at the new one,
+				// whose state took over none of the turns booked ahead.
+				tk.giveBackTurns()
 			}
 		case notedIn:
 			return s.waitNoted(queue, o.d)
@@ -453,7 +458,14 @@ booking:
 	tk.start(gs.typeLabel(t.Type()))
 	s.countAdmitted(gs, queue, t.Type())
 	quotas := gs.routeOf(queue, t.Type()).quotas
-	handlerCtx, reporter := s.adapt.reporterFor(slots.ctx, quotas)
+	vars := varsOf(queue, id, t)
+	handlerCtx, reporter := s.adapt.reporterFor(slots.ctx, quotas, func(g *gate) string {
+		key, err := g.expr.eval(vars) // evaluated and its failure counted when the task booked
+		if err != nil {
+			return DefaultKey
+		}
+		return key
+	})
 	err := next.ProcessTask(handlerCtx, t)
 	tk.returned = true
 	if tk.giveBack() && err != nil {

@@ -42,9 +42,10 @@ const waitErrorPrefix = "sluice: waiting "
 type holdResult int
 
 const (
-	held          holdResult = iota // the turn came (or the worker stops: see ctx)
-	toRedis                         // the task should wait in Redis instead
-	limitsChanged                   // its gates' limits changed: its turn is void
+	held           holdResult = iota // the turn came (or the worker stops: see ctx)
+	toRedis                          // the task should wait in Redis instead
+	limitsChanged                    // its gates' limits changed: its turn is void
+	keyRateChanged                   // a key value's learned limit it booked on changed: its turn is void
 )
 
 // hold waits in this worker for wait, taking none of its slots that run
@@ -55,7 +56,7 @@ const (
 // to worker.reserve_max, as long as its deadline allows: in Redis it would
 // have to be a copy, and its id and Unique lock would be free meanwhile.
 // A config with other limits ends the wait: the task books again.
-func (s *Scheduler) hold(ctx context.Context, gs *gateSet, task taskRef, wait time.Duration) holdResult {
+func (s *Scheduler) hold(ctx context.Context, gs *gateSet, task taskRef, wait time.Duration, claims []claim) holdResult {
 	if wait > holdLongest(ctx, gs, task) && wait > alwaysHold {
 		return toRedis
 	}
@@ -74,9 +75,25 @@ func (s *Scheduler) hold(ctx context.Context, gs *gateSet, task taskRef, wait ti
 	case <-s.clock.After(wait):
 	case <-gs.replaced:
 		return limitsChanged // the task gives its turns back (giveBackStale)
+	case <-supersededOf(claims):
+		gs.held.leave(gs.replaced)
+		return keyRateChanged
 	}
 	gs.held.leave(gs.replaced)
 	return held
+}
+
+// supersededOf is the channel closed when the learned limit of a key
+// value that claims book on changes (nil: none is learned). A task draws
+// on at most one keyed adaptive quota in practice; of several, the first
+// one's counts.
+func supersededOf(claims []claim) <-chan struct{} {
+	for _, c := range claims {
+		if c.g.superseded != nil {
+			return c.g.superseded
+		}
+	}
+	return nil
 }
 
 // heldTurns counts the tasks that hold turns of one gate set in this
@@ -421,12 +438,20 @@ func (s *Scheduler) upstreamBusy(ctx context.Context, gs *gateSet, task taskRef,
 		}
 		longest = max(longest, block)
 		s.metrics.upstreamBusy.WithLabelValues(g.key).Inc()
+		var c claim
 		if g.expr != nil {
-			s.blockKey(ctx, g, s.claimOf(g, vars), block)
+			c = s.claimOf(g, vars)
+		}
+		// An adaptive quota's rate (a keyed one's: the key value's, unless
+		// an override sets it) is cut instead (adapt.go): a pause would end
+		// in a burst.
+		if g.limit.Adaptive != nil && block <= adaptiveBlockOver && !s.pinned(g.key) &&
+			(g.expr == nil || g.overrides.of(c.key, false) == nil) {
+			cut++
 			continue
 		}
-		if g.limit.Adaptive != nil && block <= adaptiveBlockOver && !s.pinned(g.key) {
-			cut++ // its rate is cut instead (adapt.go): a pause would end in a burst
+		if g.expr != nil {
+			s.blockKey(ctx, g, c, block)
 			continue
 		}
 		s.board.block(g.key, s.clock.Now().Add(block))

@@ -396,3 +396,19 @@ func (s *Semaphore) Loads(ctx context.Context) ([]KeyLoad, error) {
 	}
 	return loads, nil
 }
+
+// ScanKeys calls fn with the key (as given to Key) of every Redis key
+// Key(prefix, key) made, on every master of a cluster, until fn returns
+// false; fn is called from one goroutine at a time. A key longer than a
+// hash tag holds is given as its tag ('#' and a hash).
+func ScanKeys(ctx context.Context, rdb redis.UniversalClient, prefix string, fn func(key string) bool) error {
+	var mu sync.Mutex
+	done := false
+	return scanTags(ctx, rdb, []string{prefix}, func(_, tag, rest string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if rest == "" && !done {
+			done = !fn(unTag(tag))
+		}
+	})
+}

@@ -203,6 +203,9 @@ type keyStatus struct {
 	Throttled int  `json:"throttled_last_minute"`
 	CanAdmit  bool `json:"can_admit_now"`
 	Remaining int  `json:"remaining"`
+	// Learned, on a keyed adaptive quota, is the rate the fleet learned
+	// for the key value, in events per the quota's period; null if none.
+	Learned *float64 `json:"learned_rate,omitempty"`
 }
 
 // keyStatus prints the busiest keys of gate (with one, value's only), or
@@ -236,8 +239,45 @@ func (a *app) keyStatus(cmd *cobra.Command, gate string, top int, one bool, valu
 			}
 			s.Keys = append(s.Keys, k)
 		}
-		return s, nil
+		return s, addLearned(ctx, rdb, cfg, gate, top, &s)
 	}, func(w io.Writer, v any) error { return printKeys(w, v.(keysSnapshot)) })
+}
+
+// addLearned adds to s, the keys of gate, the rates a keyed adaptive
+// quota learned for them; and with no key asked for, the key values with
+// a learned rate that hold no other state, up to top keys in all. The
+// states of a key value's learned limits are the value's own: the load
+// columns are of its state at the quota's start rate (a value's first
+// moment, or when a worker forgot it).
+func addLearned(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config, gate string, top int, s *keysSnapshot) error {
+	quota := strings.TrimPrefix(gate, "quota:")
+	if l, ok := cfg.Quotas[quota]; !ok || l.Adaptive == nil || l.Key == "" {
+		return nil
+	}
+	rates, err := jobs.LearnedKeyRates(ctx, rdb, cfg, quota, jobs.MaxKeyLoads)
+	if err != nil {
+		return err
+	}
+	for i, k := range s.Keys {
+		if lr, ok := rates[k.Key]; ok {
+			s.Keys[i].Learned = &lr.Rate
+			delete(rates, k.Key)
+		}
+	}
+	if s.Key != nil {
+		if lr, ok := rates[*s.Key]; ok && len(s.Keys) == 0 {
+			s.Keys = append(s.Keys, keyStatus{Key: *s.Key, Learned: &lr.Rate})
+		}
+		return nil
+	}
+	for _, key := range slices.Sorted(maps.Keys(rates)) {
+		if len(s.Keys) >= top {
+			break
+		}
+		lr := rates[key]
+		s.Keys = append(s.Keys, keyStatus{Key: key, Learned: &lr.Rate})
+	}
+	return nil
 }
 
 // watch shows what take reads: once, or once a second with watch until
@@ -311,7 +351,12 @@ func printKeys(w io.Writer, s keysSnapshot) error {
 	} else {
 		fmt.Fprintf(tw, "KEYS OF %s at %s (the busiest %d)\n", s.Gate, s.Time.Local().Format(time.DateTime), len(s.Keys))
 	}
-	fmt.Fprintln(tw, "KEY\tWAITING\tTHROTTLED (1m)\tCAN ADMIT NOW")
+	learned := slices.ContainsFunc(s.Keys, func(k keyStatus) bool { return k.Learned != nil })
+	header := "KEY\tWAITING\tTHROTTLED (1m)\tCAN ADMIT NOW"
+	if learned {
+		header += "\tLEARNED RATE"
+	}
+	fmt.Fprintln(tw, header)
 	for _, k := range s.Keys {
 		waiting, admit := "-", "no"
 		if k.Waiting != nil {
@@ -324,7 +369,14 @@ func printKeys(w io.Writer, s keysSnapshot) error {
 		if q := strconv.Quote(key); key == "" || q[1:len(q)-1] != key || strings.ContainsAny(key, " \t") {
 			key = q
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", key, waiting, k.Throttled, admit)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s", key, waiting, k.Throttled, admit)
+		switch {
+		case k.Learned != nil:
+			fmt.Fprintf(tw, "\t%.2f", *k.Learned)
+		case learned:
+			fmt.Fprint(tw, "\t-")
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

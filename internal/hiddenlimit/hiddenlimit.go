@@ -7,6 +7,7 @@
 package hiddenlimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,24 +41,37 @@ type Phase struct {
 // second, burst a fifth of a second of it, at least 1) has a token, and
 // 429 with Retry-After: 1 beyond it. With State, it states its limit in
 // every answer (RateLimit-Policy and X-RateLimit-Limit, per second).
+//
+// A keyed API (NewKeyedAPI) has a limit per key value instead, the value a
+// call's KeyHeader names (a destination, a customer's token): each value
+// its own bucket, its own limit for the whole run.
 type API struct {
 	*httptest.Server
 	phases []Phase
 	state  bool
+	keyed  map[string]int // a keyed API's limits, by key value; nil: not keyed
 
-	mu     sync.Mutex
-	start  time.Time // of the first phase; zero: not started (every call answered 200)
-	tokens float64
-	last   time.Time
-	calls  []Call
-	ok     map[string]int // successes per path
+	mu      sync.Mutex
+	start   time.Time // of the first phase; zero: not started (every call answered 200)
+	buckets map[string]*bucket
+	calls   []Call
+	ok      map[string]int // successes per path
 }
 
-// Call is one call the API answered: when (since the first phase began)
-// and whether it got through.
+// KeyHeader names a call's key value on a keyed API.
+const KeyHeader = "X-Dest"
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+// Call is one call the API answered: when (since the first phase began),
+// whether it got through, and on a keyed API its key value.
 type Call struct {
-	At time.Duration
-	OK bool
+	At  time.Duration
+	OK  bool
+	Key string
 }
 
 // NewAPI starts an API with phases; they begin at Start.
@@ -66,12 +81,20 @@ func NewAPI(phases []Phase, state bool) *API {
 	return a
 }
 
+// NewKeyedAPI starts an API that allows each key value (KeyHeader) its own
+// limit a second, for a run of d.
+func NewKeyedAPI(limits map[string]int, d time.Duration) *API {
+	a := NewAPI([]Phase{{For: d}}, false)
+	a.keyed = limits
+	return a
+}
+
 // Start begins the first phase now, and returns when.
 func (a *API) Start() time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.start, a.last = time.Now(), time.Now()
-	a.tokens = a.burst(a.phases[0].Limit)
+	a.start = time.Now()
+	a.buckets = map[string]*bucket{}
 	return a.start
 }
 
@@ -94,13 +117,23 @@ func (a *API) serve(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	allowed, limit := true, 0
 	if !a.start.IsZero() {
+		key := ""
 		limit = a.limitAt(now.Sub(a.start))
-		a.tokens = math.Min(a.burst(limit), a.tokens+now.Sub(a.last).Seconds()*float64(limit))
-		a.last = now
-		if allowed = a.tokens >= 1; allowed {
-			a.tokens--
+		if a.keyed != nil {
+			key = r.Header.Get(KeyHeader)
+			limit = a.keyed[key] // 0 for a value it does not know: every call refused
 		}
-		a.calls = append(a.calls, Call{At: now.Sub(a.start), OK: allowed})
+		b := a.buckets[key]
+		if b == nil {
+			b = &bucket{tokens: a.burst(limit), last: now} // full at the start
+			a.buckets[key] = b
+		}
+		b.tokens = math.Min(a.burst(limit), b.tokens+now.Sub(b.last).Seconds()*float64(limit))
+		b.last = now
+		if allowed = b.tokens >= 1; allowed {
+			b.tokens--
+		}
+		a.calls = append(a.calls, Call{At: now.Sub(a.start), OK: allowed, Key: key})
 		if allowed {
 			a.ok[r.URL.Path]++
 		}
@@ -145,6 +178,10 @@ type Fleet struct {
 	// KillAt, if > 0: the first worker is killed with SIGKILL this long
 	// after the first phase began, and started again at once.
 	KillAt time.Duration
+	// KeyTasks, if set, queues that many tasks per key value (KeyHeader),
+	// interleaved in proportion, instead of Tasks without one: for a keyed
+	// API, and a quota keyed by payload.headers["X-Dest"].
+	KeyTasks map[string]int
 }
 
 // Result is what a run saw.
@@ -177,7 +214,12 @@ func (f Fleet) Run(ctx context.Context, api *API, phases []Phase) (Result, error
 		return res, err
 	}
 	opt := asynq.RedisClientOpt{Addr: f.Redis}
-	if err := enqueue(opt, f.Queue, f.Tasks, api.URL); err != nil {
+	keys := interleaved(f.KeyTasks)
+	if keys == nil {
+		keys = make([]string, f.Tasks)
+	}
+	f.Tasks = len(keys)
+	if err := enqueue(opt, f.Queue, keys, api.URL); err != nil {
 		return res, err
 	}
 	var total time.Duration
@@ -329,16 +371,21 @@ func fleetRate(ctx context.Context, addr, quota string) (float64, error) {
 	return rates[quota].Rate, err
 }
 
-// enqueue queues n http:request tasks calling url/call/<i>.
-func enqueue(opt asynq.RedisClientOpt, queue string, n int, url string) error {
+// enqueue queues an http:request task calling url/call/<i> for each of
+// keys, with its key value in KeyHeader unless it is "".
+func enqueue(opt asynq.RedisClientOpt, queue string, keys []string, url string) error {
 	client := asynq.NewClient(opt)
 	defer client.Close()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for w := range 8 {
 		wg.Go(func() {
-			for i := w; i < n; i += 8 {
-				t, err := jobs.NewHTTPRequestTask(jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/call/%d", url, i)})
+			for i := w; i < len(keys); i += 8 {
+				p := jobs.HTTPRequestPayload{URL: fmt.Sprintf("%s/call/%d", url, i)}
+				if keys[i] != "" {
+					p.Headers = map[string]string{KeyHeader: keys[i]}
+				}
+				t, err := jobs.NewHTTPRequestTask(p)
 				if err == nil {
 					_, err = client.Enqueue(t, asynq.Queue(queue), asynq.MaxRetry(25))
 				}
@@ -352,6 +399,35 @@ func enqueue(opt asynq.RedisClientOpt, queue string, n int, url string) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// interleaved lists counts' key values, each as often as it says, spread
+// evenly: the i-th of a value's n at i/n of the way; nil if counts is.
+func interleaved(counts map[string]int) []string {
+	if counts == nil {
+		return nil
+	}
+	type slot struct {
+		key string
+		at  float64
+	}
+	var slots []slot
+	for key, n := range counts {
+		for i := range n {
+			slots = append(slots, slot{key, (float64(i) + 0.5) / float64(n)})
+		}
+	}
+	slices.SortFunc(slots, func(a, b slot) int {
+		if c := cmp.Compare(a.at, b.at); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	keys := make([]string, len(slots))
+	for i, s := range slots {
+		keys[i] = s.key
+	}
+	return keys
 }
 
 // freeAddr is a loopback address with a port free now.
@@ -418,4 +494,43 @@ func BusyEnd(calls []Call, at time.Duration) time.Duration {
 		last = c.At
 	}
 	return last - at
+}
+
+// KeyStats is what one key value saw on a keyed API: calls, 429s, and
+// successes a second after Settle.
+type KeyStats struct {
+	Key          string
+	Limit        int
+	Calls, Busy  int
+	Settled      float64
+	SettledShare float64 // Settled / Limit
+}
+
+// StatsByKey splits calls by key value, over a run of d, sorted by limit.
+func StatsByKey(calls []Call, limits map[string]int, d, settle time.Duration) []KeyStats {
+	byKey := map[string]*KeyStats{}
+	for key, limit := range limits {
+		byKey[key] = &KeyStats{Key: key, Limit: limit}
+	}
+	for _, c := range calls {
+		s := byKey[c.Key]
+		if s == nil || c.At >= d {
+			continue
+		}
+		s.Calls++
+		switch {
+		case !c.OK:
+			s.Busy++
+		case c.At >= settle:
+			s.Settled++
+		}
+	}
+	out := make([]KeyStats, 0, len(byKey))
+	for _, s := range byKey {
+		s.Settled /= (d - settle).Seconds()
+		s.SettledShare = s.Settled / float64(s.Limit)
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b KeyStats) int { return cmp.Or(cmp.Compare(a.Limit, b.Limit), strings.Compare(a.Key, b.Key)) })
+	return out
 }
