@@ -160,7 +160,7 @@ type wakeLook struct {
 // cost a plain command or two, not a script run. The waker runs the take
 // script only when a task is due within wakeEvery (and the clocks' skew)
 // or a fair line waits, and renews its lease with PEXPIRE at half its
-// life; the others ask the lease's PTTL, and try to take it only once it
+// life; the others GET the lease's holder, and try to take it only once it
 // has lapsed or the waker resigned.
 func (w *waker) look(ctx context.Context, queue string, l *wakeLook) time.Duration {
 	if l.held && !l.busy {
@@ -175,8 +175,11 @@ func (w *waker) look(ctx context.Context, queue string, l *wakeLook) time.Durati
 			}
 		}
 	} else if !l.held {
-		if until, err := w.rdb.PTTL(ctx, wakeKeys(queue)[1]).Result(); err == nil && until > 0 {
-			return min(until+time.Millisecond, wakeWatch) // another worker's lease
+		// The lease may be this worker's own, taken by a take whose reply
+		// was lost (a master failing over): then it takes at once, not
+		// after the lease has lapsed.
+		if holder, err := w.rdb.Get(ctx, wakeKeys(queue)[1]).Result(); err == nil && holder != w.worker {
+			return wakeWatch // another worker's lease
 		}
 	}
 	renew := !l.held || !w.clock.Now().Before(l.renew)
