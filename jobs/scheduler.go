@@ -458,8 +458,11 @@ booking:
 	tk.start(gs.typeLabel(t.Type()))
 	s.countAdmitted(gs, queue, t.Type())
 	quotas := gs.routeOf(queue, t.Type()).quotas
-	vars := varsOf(queue, id, t)
+	var vars *taskVars // only for a keyed adaptive quota: most tasks have none
 	handlerCtx, reporter := s.adapt.reporterFor(slots.ctx, quotas, func(g *gate) string {
+		if vars == nil {
+			vars = varsOf(queue, id, t)
+		}
 		key, err := g.expr.eval(vars) // evaluated and its failure counted when the task booked
 		if err != nil {
 			return DefaultKey
