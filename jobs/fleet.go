@@ -23,7 +23,7 @@ import (
 func (s *Scheduler) Run(ctx context.Context) {
 	s.changes.open(ctx)
 	defer s.changes.close()
-	runAll(ctx, s.fleet, s.board, s.waker, s.rescuer, s.rates, s.limits, s.adapt)
+	runAll(ctx, s.fleet, s.board, s.waker, s.parker, s.rescuer, s.rates, s.limits, s.adapt)
 }
 
 // orphanRescue runs again, every rescueEvery, the tasks that asynq

@@ -48,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_throttled_tasks_total",
-			Help: "Tasks that had to wait for their turn, by how: held (in the worker) or requeued (scheduled in Redis for their turn).",
+			Help: "Tasks that had to wait for their turn, by how: held (in the worker), requeued (scheduled in Redis for their turn) or parked (moved from their queue into a backlog line without a worker taking them).",
 		}, []string{"queue", "how"}),
 		waited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_throttled_seconds_total",

@@ -69,6 +69,7 @@ type Scheduler struct {
 	worker    string // this process, for concurrency leases
 	clock     schedClock
 	slotLease time.Duration // slotLease; shorter in tests
+	polls     *EmptyPolls   // the hook on asynq's client, if the worker says (WithEmptyPolls)
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
@@ -78,6 +79,7 @@ type Scheduler struct {
 	fleet   *fleetSize     // live workers in the fleet, for the local policy
 	board   *blockBoard    // quotas an upstream blocked
 	waker   *waker         // tasks that wait in Redis, brought back when due
+	parker  *parker        // backlogs moved into their lines (park.go)
 	rescuer *orphanRescue  // tasks orphaned by a worker's death
 	rates   *rateRecorder  // completions not yet added to the fleet's rate buckets
 	limits  *limitsWatch   // the runtime limits set live (runtimelimits.go)
@@ -118,6 +120,11 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	deps := fleetDeps{rdb: rdb, queues: queues, clock: s.clock, log: log, worker: s.worker, gates: s.gates.Load}
 	s.board = newBlockBoard(deps)
 	s.waker = newWaker(deps, m)
+	s.parker = newParker(deps, s.booker)
+	s.booker.polls = s.polls
+	if oneServer(rdb, queues) {
+		s.booker.park = s.parker.ask
+	}
 	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
 	s.rates = &rateRecorder{fleetDeps: deps}
 	s.limits = newLimitsWatch(deps, s.applyRuntime)

@@ -1,6 +1,7 @@
 // Package lua holds sluice's Redis scripts: Book, the one script of every
 // rate limit; the fleet-wide semaphore; Wake, which brings waiting tasks
-// back on time, and Ready, which puts them at the head of their queue.
+// back on time, Ready, which puts them at the head of their queue, and
+// Park, which moves a backlog's tasks into their lines.
 //
 // Book is common.lua (clock, exact integer division), one constructor per
 // kind of state (counter.lua: fixed_window and sliding_counter;
@@ -69,6 +70,10 @@ var Wake = join("common.lua", "fair.lua", "wake.lua")
 // Ready moves tasks back from waiting to the head of their queue (see
 // ready.lua).
 var Ready = join("ready.lua")
+
+// Park moves a batch of a queue's pending tasks into their backlog lines
+// (see park.lua).
+var Park = join("park.lua")
 
 // Adapt is the controller of an adaptive quota's learned rate (see
 // adapt.lua).

@@ -169,12 +169,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	asynqRDB := w.file.Redis.Client()
 	defer asynqRDB.Close()
 	asynqRDB.AddHook(keepEnds{})
-	asynqRDB.AddHook(&jobs.EmptyPolls{})
+	polls := &jobs.EmptyPolls{}
+	asynqRDB.AddHook(polls)
 	if err := checkRedis(ctx, w.file.Redis, rdb, log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	redisOpt := w.file.Redis.AsynqOpt()
-	sched, err := jobs.NewScheduler(rdb, redisOpt, w.file.Jobs, jobs.NewMetrics(w.opts.registry), log)
+	sched, err := jobs.NewScheduler(rdb, redisOpt, w.file.Jobs, jobs.NewMetrics(w.opts.registry), log, jobs.WithEmptyPolls(polls))
 	if err != nil { // config.Load checked the config: this is not expected
 		return fmt.Errorf("worker: %w", err)
 	}

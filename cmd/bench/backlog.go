@@ -63,12 +63,12 @@ func runBacklog(ctx context.Context, b *bench) error {
 	fmt.Fprintf(b.out, `
 ### backlog: what a waiting task costs
 
-demo:noop tasks queued up front behind a quota of %d/s (token_bucket, burst %d) on %d worker processes (the real binary, built for the run, default worker settings: concurrency 10, waiting 10, hold_max 1s, reserve_max 1m), the handler doing nothing (an upstream that never refuses). Each depth is measured over %v, from when the workers have taken the backlog (asynq's pending list is empty) and at least %v after they start, or %v for a backlog deeper than the turns of worker.reserve_max (1,200), so that the window covers the tasks that rested in the backlog line (their turns begin after the first minute's): "window from" is that time. Commands and script runs (EVALSHA, EVAL, FCALL) are INFO commandstats deltas over the window, per task completed in it, so they include everything the fleet does meanwhile (asynq's heartbeats and forwarder, sluice's waker); worker CPU is the %d processes' user + system time (/proc) over the window. Keyed: the quota keyed by `+"`type`"+`, every task on that one key value. Plain asynq: %d servers in this process, no gates, draining 10,000 of the same tasks as fast as they can (%.2f script runs and %.1f commands per task). BullMQ 6.7 on the same workload (limiter 20 per 1 s, 3 workers, 20,000 queued, 60 s) made %.1f commands per job, measured for issue 20 on this machine, not by this run.
+demo:noop tasks queued up front behind a quota of %d/s (token_bucket, burst %d) on %d worker processes (the real binary, built for the run, default worker settings: concurrency 10, waiting 10, hold_max 1s, reserve_max 1m), the handler doing nothing (an upstream that never refuses). A task's life is two visits: the first from the workers' start until the backlog is out of asynq's pending list (parked in its line, or taken by a worker and sent back to Redis; a task that runs then has only that visit), the last near its turn (back from its line, it books its turn and runs). The first visits are measured from the workers' start until the pending list is empty, per task they took (the tasks done meanwhile counted at a last visit's cost); the last visits over %v once the workers have taken the backlog, at least %v after they start, or %v for a backlog deeper than the turns of worker.reserve_max (1,200), so that the window covers the tasks that rested in the backlog line: "window from" is that time, and delivered/s its tasks done. Commands and script runs (EVALSHA, EVAL, FCALL) are INFO commandstats deltas, per task, so they include everything the fleet does meanwhile (asynq's heartbeats and forwarder, sluice's waker and parker); worker CPU is the %d processes' user + system time (/proc) over the window. Keyed: the quota keyed by `+"`type`"+`, every task on that one key value. Plain asynq: %d servers in this process, no gates, draining 10,000 of the same tasks as fast as they can (%.2f script runs and %.1f commands per task over their life). BullMQ 6.7 on the same workload (limiter 20 per 1 s, 3 workers, 20,000 queued, 60 s) made %.1f commands per job, measured for issue 20 on this machine, not by this run.
 
-The same %d workers on the same config with no task at all run %.1f script runs and %.0f commands a second (asynq polling an empty queue every 100 ms, its forwarder and heartbeats, sluice's waker and its watchers, the fleet's housekeeping), whatever the depth: at %d tasks a second that is %.2f script runs and %.1f commands per task. "Net" is per task less that.
+The same %d workers on the same config with no task at all run %.1f script runs and %.0f commands a second (asynq polling an empty queue every 100 ms, its forwarder and heartbeats, sluice's waker and its watchers, the fleet's housekeeping), whatever the depth: at %d tasks a second that is %.2f script runs and %.1f commands per task, included in the last visits' figures.
 
-| quota | queued | window from | delivered/s | of the quota | script runs per task | beyond plain asynq | net, beyond plain asynq | commands per task | net commands per task | commands/s | worker CPU ms/s |
-|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|
+| quota | queued | window from | delivered/s | of the quota | script runs: first visit | last visit | over its life | life, beyond plain asynq | commands: first visit | last visit | over its life | commands/s | worker CPU ms/s |
+|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|
 `, backlogRate, backlogRate, backlogWorkers, backlogWindow, backlogSettle, backlogSettle+backlogHorizon, backlogWorkers, backlogWorkers, plain.scripts, plain.commands, bullMQCommands,
 		backlogWorkers, idle.scripts, idle.commands, backlogRate, idle.scripts/backlogRate, idle.commands/backlogRate)
 	for _, keyed := range []bool{false, true} {
@@ -83,9 +83,9 @@ The same %d workers on the same config with no task at all run %.1f script runs 
 				return fmt.Errorf("%s, %d queued: %w", name, depth, err)
 			}
 			scripts, commands := r.scripts/r.rate, r.commands/r.rate
-			fmt.Fprintf(b.out, "| %s | %s | %.1f s | %.2f | %.1f%% | %.2f | %+.2f | %.2f | %.1f | %.1f | %s | %.0f |\n", name, grouped(float64(depth)), r.taken.Seconds(),
-				r.rate, 100*r.rate/backlogRate, scripts, scripts-plain.scripts, (r.scripts-idle.scripts)/r.rate-plain.scripts,
-				commands, (r.commands-idle.commands)/r.rate, grouped(r.commands), r.workerCPU)
+			fmt.Fprintf(b.out, "| %s | %s | %.1f s | %.2f | %.1f%% | %.2f | %.2f | %.2f | %+.2f | %.1f | %.1f | %.1f | %s | %.0f |\n", name, grouped(float64(depth)), r.taken.Seconds(),
+				r.rate, 100*r.rate/backlogRate, r.firstScripts, scripts, r.firstScripts+scripts, r.firstScripts+scripts-plain.scripts,
+				r.firstCommands, commands, r.firstCommands+commands, grouped(r.commands), r.workerCPU)
 		}
 	}
 	return nil
@@ -100,6 +100,9 @@ type backlogRun struct {
 	commands float64
 	// workerCPU is the workers' CPU time, together, in ms per second.
 	workerCPU float64
+	// firstScripts and firstCommands are what a task's first visit cost,
+	// per task (the backlog taken from the pending list).
+	firstScripts, firstCommands float64
 }
 
 // plainBacklog drains 10,000 tasks with plain asynq and returns its
@@ -180,6 +183,10 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 	if depth > int(backlogRate*backlogHorizon.Seconds()) {
 		settle += backlogHorizon
 	}
+	before, err := commandsRun(ctx, b.rdb)
+	if err != nil {
+		return backlogRun{}, err
+	}
 	start := time.Now()
 	for range backlogWorkers {
 		w := exec.CommandContext(ctx, binary, "--config", config)
@@ -189,10 +196,20 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 		}
 		workers = append(workers, w)
 	}
+	// The first visits: from the workers' start until the backlog is out
+	// of the pending list (parked in its line or taken).
+	var taken commandCount
+	var doneTaken int
 	for deadline := start.Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
-		pending, _, err := queueCounts(inspector, queue)
+		pending, done, err := queueCounts(inspector, queue)
 		if err != nil {
 			return backlogRun{}, err
+		}
+		if pending == 0 && taken.byName == nil && depth > 0 {
+			if taken, err = commandsRun(ctx, b.rdb); err != nil {
+				return backlogRun{}, err
+			}
+			doneTaken = done
 		}
 		if pending == 0 && time.Since(start) >= settle {
 			break
@@ -246,6 +263,13 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 	r.scripts = float64(c1.scripts-c0.scripts) / window
 	r.commands = float64(c1.all-c0.all) / window
 	r.workerCPU = (cpu1 - cpu0).Seconds() * 1000 / window
+	if depth > doneTaken {
+		// What the first visits cost, per task that had one: the tasks
+		// done meanwhile cost what a last visit does.
+		first := float64(depth - doneTaken)
+		r.firstScripts = (float64(taken.scripts-before.scripts) - float64(doneTaken)*r.scripts/r.rate) / first
+		r.firstCommands = (float64(taken.all-before.all) - float64(doneTaken)*r.commands/r.rate) / first
+	}
 	return r, nil
 }
 
