@@ -214,9 +214,6 @@ func (b *booker) deferToLine(ctx context.Context, task taskRef, l backlogLine, a
 	b.lines.ahead = limitersNow - b.clock.Now().UnixMicro()
 	b.lines.mu.Unlock()
 	o, err := b.joinLine(ctx, task, l, from, limitersNow)
-	if err == nil && b.park != nil && (b.polls == nil || b.polls.backlogged(task.queue)) {
-		b.park(task.queue) // the tasks behind it join the line too
-	}
 	return o, err == nil
 }
 

@@ -34,13 +34,7 @@ type booker struct {
 	log     *slog.Logger
 	clock   schedClock
 	lines   lineViews // the backlog lines' tails, as last read (backlog.go)
-	// polls is the hook on asynq's client that knows which queues have
-	// tasks pending behind the ones taken (nil: not known; see
-	// WithEmptyPolls), and park asks for a queue's backlog to be parked
-	// in its lines (park.go).
-	polls   *EmptyPolls
-	park    func(queue string)
-	holding sync.Map // queue -> *atomic.Int64: tasks waiting in this worker (see hold)
+	holding sync.Map  // queue -> *atomic.Int64: tasks waiting in this worker (see hold)
 	// logGate: a Redis failure is logged once every 10 seconds per queue.
 	logGate throttle.Limiter
 	// keyLogGate: a failed key expression is logged once a minute per limit.
@@ -190,12 +184,6 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 			// A task back for its ticket (it looks fresh: waiting is no
 			// failure) books its turn, which the waker brought it back for
 			// in time to wait for here.
-			reserveMax = b.holdsUpTo(ctx, gs, task)
-		} else if b.polls.backlogged(queue) {
-			// Tasks are queued behind this one: rather than a turn far
-			// ahead, it takes a turn it waits for here or the first ticket
-			// of a line, where the rest of the backlog is parked behind it
-			// (park.go) instead of taken and refused one by one.
 			reserveMax = b.holdsUpTo(ctx, gs, task)
 		}
 	}

@@ -94,26 +94,6 @@ func (e *EmptyPolls) found(pending string, n int64) {
 	e.pending[pending] = min(n-1, maxSkippedLooks)
 }
 
-// WithEmptyPolls tells the Scheduler the EmptyPolls hook on the client of
-// the asynq server it runs in: from the hook's looks it knows which queues
-// have a backlog pending, whose tasks it then parks in their lines rather
-// than book turns far ahead for them one by one (see park.go).
-func WithEmptyPolls(e *EmptyPolls) Option {
-	return func(s *Scheduler) { s.polls = e }
-}
-
-// backlogged reports whether queue's pending list had tasks behind the
-// last one this client took, as far as its last look tells (false for a
-// nil hook: not known).
-func (e *EmptyPolls) backlogged(queue string) bool {
-	if e == nil {
-		return false
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.pending[asynqKeys(queue)+"pending"] > 0
-}
-
 // maxSkippedLooks bounds the dequeues that follow a look without one.
 const maxSkippedLooks = 1000
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -13,36 +15,36 @@ import (
 	"github.com/sluicehq/sluice/throttle"
 )
 
-// A backlog is parked in its lines, not taken task by task. Once a task of
-// a queue has taken a ticket in a backlog line, the tasks queued behind it
-// would each be taken by a worker, refused their turn and sent back to
-// Redis for a ticket of their own: three script runs each (asynq's dequeue,
-// a booking, asynq's retry) before the visit that runs them. The parker
-// moves them into their lines from the head of the queue instead, a batch
-// per script run (lua/park.lua): each gets the next ticket of its line, is
-// noted in the wake set and rests in asynq's retry set, as a task sent back
-// would, and comes back near its ticket to book its turn once. A task is
-// parked only if it is fresh from its producer (never back from waiting,
-// never failed) and one of its gates' lines reaches further than a worker
-// holds a task for; any other task is left for the workers, so a task of
-// another type behind no line is not held up by the backlog before it. A
-// queue with fair shares is never parked: its tasks wait in their keys'
-// lines (fair.go).
+// A backlog is parked, not taken task by task. A task queued behind others
+// that must wait in Redis for its turn is taken by a worker, booked, and
+// sent back through asynq's retry: three script runs (asynq's dequeue, the
+// booking, asynq's retry) before the visit that runs it. Once a worker has
+// sent back a fresh task (new from its producer), its parker books the
+// tasks queued behind it from the head of the queue, as a worker would
+// (a turn ahead, or a ticket in its gate's backlog line: booking.go,
+// backlog.go), several at once, and moves a batch of them to wait in Redis
+// in one script run (lua/park.lua): each noted in the wake set, resting in
+// asynq's retry set as a task sent back would, and back near its turn. A
+// task is parked only if it is fresh, has a retry left and has a rate gate;
+// any other is left for the workers, so a task of another type is not held
+// up by the backlog before it, and parking stops at a task whose turn has
+// come (the gates have room: its turn is given back and the workers take
+// it). A queue with fair shares is never parked: its tasks wait in their
+// keys' lines (fair.go).
 //
-// One worker at a time parks a queue (a claim in Redis, parkLease); two
-// would only repeat each other's reads, as a task is moved once (the
-// script takes it from the pending list first).
+// One worker at a time parks a queue (a claim in Redis, parkLease); a task
+// a worker takes meanwhile finds the turn booked for it under its booking
+// ID.
 const (
-	// parkBatch is how many tasks one script run parks at most: a worker
-	// takes some of the backlog's head too while the parker reads a batch,
-	// which goes the long way (a batch of 64 left 18% of a backlog of
-	// 10,000 to the workers, one of 256 5%).
-	parkBatch = 256
+	// parkBatch is how many tasks one script run parks at most: the
+	// workers take some of the backlog's head too while the parker books a
+	// batch, and those go the long way.
+	parkBatch = 1024
 	// parkBytes bounds what a batch reads of its tasks' messages: a batch
 	// is smaller where they are large (the first has parkFirst, none fewer
 	// than parkLeast).
 	parkBytes = 4 << 20
-	parkFirst = 32
+	parkFirst = 64
 	parkLeast = 8
 	// parkRounds bounds the batches of one ask (the next deferral asks
 	// again).
@@ -160,102 +162,128 @@ func (p *parker) parkBatch(ctx context.Context, queue string, size int) (parked,
 		bytes += len(m.Val())
 	}
 	next = min(parkBatch, max(parkLeast, read*parkBytes/max(bytes, 1)))
-	type spot struct {
-		id   string
-		line backlogLine
-	}
-	var spots []spot
-	var lineKeys []string // each line's key once, in spots' order
-	tails := map[string]int64{}
-	now := p.clock.Now()
+
+	// The fresh tasks leave the pending list first, in one script run, so
+	// that no worker takes one while it books; they rest in asynq's retry
+	// set meanwhile, due back after parkHold should this worker die before
+	// it notes them.
+	args := []any{prefix + "t:", parkHold.Seconds(), parkedMark}
+	var candidates []int
+	decoded := make([]taskMessage, len(ids))
 	for i, id := range ids {
 		m, ok := decodeTaskMessage([]byte(msgs[i].Val()))
-		if !ok || !m.fresh() {
-			continue
+		if !ok || !m.fresh() || m.retried >= m.retry || len(gs.routeOf(queue, m.typ).gates) == 0 {
+			continue // back from waiting or failing, no retry left, or no gate: for the workers
 		}
-		l, ok := p.lineOf(ctx, gs, queue, id, m, now, tails)
-		if !ok {
-			continue
-		}
-		if !slices.Contains(lineKeys, l.key) {
-			lineKeys = append(lineKeys, l.key)
-		}
-		spots = append(spots, spot{id, l})
+		decoded[i] = m
+		candidates = append(candidates, i)
+		args = append(args, id)
 	}
-	if len(spots) == 0 {
+	if len(candidates) == 0 {
 		return 0, read, next, nil
 	}
-	keys := append([]string{prefix + "pending", prefix + "retry", wakeKeys(queue)[0], queueLines(queue)}, lineKeys...)
-	args := []any{prefix + "t:", requeueLead.Microseconds(), lineLife.Milliseconds(), parkedMark}
-	intervals := make([]int64, len(lineKeys))
-	for _, s := range spots {
-		intervals[slices.Index(lineKeys, s.line.key)] = s.line.interval
-	}
-	for _, iv := range intervals {
-		args = append(args, iv)
-	}
-	for _, s := range spots {
-		args = append(args, s.id, slices.Index(lineKeys, s.line.key)+1)
-	}
-	tickets, err := parkScript.Run(ctx, p.queues, keys, args...).Int64Slice()
+	moved, err := parkScript.Run(ctx, p.queues, []string{prefix + "pending", prefix + "retry"}, args...).Int64Slice()
 	if err != nil {
 		return 0, read, next, err
 	}
-	lastTail := map[string]int64{}
-	for i, ticket := range tickets {
-		if i >= len(spots) || ticket == 0 {
+
+	// Each moved task books as a worker would book it (booking.go),
+	// parkBookings at a time: a turn ahead (kept under its booking ID), or
+	// a ticket in its gate's line; either way it is due back before it. A
+	// turn it could take now means the gates have room: it is given back,
+	// the task is due back at once, and the workers take the rest.
+	// The first books alone: a turn given back is exact only if no later
+	// one was booked meanwhile, and the first is the one to find room.
+	spots := make([]parkSpot, len(ids))
+	var room atomic.Bool
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parkBookings)
+	for j, i := range candidates {
+		if j >= len(moved) || moved[j] != 1 {
+			continue // a worker took it
+		}
+		parked++
+		if room.Load() {
+			spots[i] = parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())} // back at once, for the workers
 			continue
 		}
-		l := spots[i].line
-		parked++
-		lastTail[l.key] = max(lastTail[l.key], ticket+l.interval)
-		p.booker.metrics.decisions.WithLabelValues(l.gate, "deferred").Inc()
-		p.booker.metrics.throttled.WithLabelValues(queue, "parked").Inc()
+		book := func() {
+			var ok bool
+			if spots[i], ok = p.book(ctx, gs, queue, ids[i], decoded[i]); !ok {
+				room.Store(true)
+			}
+		}
+		if parked == 1 {
+			book()
+			continue
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			book()
+		})
 	}
-	for key, tail := range lastTail {
-		p.booker.lines.note(key, tail, p.clock.Now())
+	wg.Wait()
+	pipe = p.queues.Pipeline()
+	for i, spot := range spots {
+		if spot.due == 0 {
+			continue
+		}
+		if !spot.noted {
+			pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(spot.due), Member: ids[i]})
+		}
+		// asynq's own fallback, a second or two after the task is due.
+		pipe.ZAddXX(ctx, prefix+"retry", redis.Z{Score: float64((spot.due+requeueLead.Microseconds())/1_000_000 + 2), Member: ids[i]})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return parked, read, next, err
+	}
+	p.booker.metrics.throttled.WithLabelValues(queue, "parked").Add(float64(parked))
+	if room.Load() {
+		return parked, 0, next, nil // the workers take the rest
 	}
 	return parked, read, next, nil
 }
 
-// lineOf is the line task id (message m) of queue is parked in: the
-// furthest of its gates' lines, if one reaches further than a worker holds
-// a task for. tails holds the tails read for this batch.
-func (p *parker) lineOf(ctx context.Context, gs *gateSet, queue, id string, m taskMessage, now time.Time, tails map[string]int64) (backlogLine, bool) {
-	r := gs.routeOf(queue, m.typ)
-	if len(r.gates) == 0 {
-		return backlogLine{}, false
+// parkHold is how long a parked task rests in asynq's retry set before
+// its booking notes when it is due: asynq brings it back after it if the
+// parking worker died in between.
+const parkHold = 10 * time.Second
+
+// parkBookings is how many bookings a parker makes at once (throttle
+// pipelines them).
+const parkBookings = 64
+
+// parkSpot is when a parked task is due back, in µs on the limiters'
+// clock (0: not parked), and whether its booking noted it in the wake set
+// already.
+type parkSpot struct {
+	due   int64
+	noted bool
+}
+
+// book books task id of queue (message m) as a worker would, with no room
+// to hold it, and returns when it is due back. ok is false if its turn has
+// come: it is given back, and the task is due back at once.
+func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage) (parkSpot, bool) {
+	t := asynq.NewTaskWithHeaders(m.typ, m.payload, m.headers)
+	task := taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t), fresh: true}
+	now := p.booker.lines.limitersNow(p.clock.Now())
+	o, err := p.booker.book(ctx, gs, task, false)
+	if err != nil {
+		return parkSpot{due: now + redisRetry.Microseconds()}, true
 	}
-	claims := r.claims
-	if r.keyed {
-		vars := newTaskVars(queue, id, m.typ, m.payload)
-		vars.client = m.headers[HeaderClient]
-		var ok bool
-		if claims, ok = p.booker.claimsOf(r, vars); !ok {
-			return backlogLine{}, false
-		}
+	switch o := o.(type) {
+	case turnAhead:
+		return parkSpot{due: o.at.Add(-requeueLead).UnixMicro()}, true
+	case notedIn:
+		return parkSpot{due: now + o.d.Microseconds(), noted: true}, true
+	case askAgainIn:
+		return parkSpot{due: now + o.d.Microseconds()}, true
+	case runNow:
+		p.booker.giveBack(ctx, o.turns)
 	}
-	limitersNow := p.booker.lines.limitersNow(now)
-	var best backlogLine
-	bestTail := limitersNow + alwaysHold.Microseconds()
-	for _, c := range claims {
-		l, ok := lineOf(queue, c, r.cost)
-		if !ok {
-			continue
-		}
-		tail, read := tails[l.key]
-		if !read {
-			t, err := p.booker.readLines(ctx, []string{l.key}, now)
-			if err != nil {
-				return backlogLine{}, false
-			}
-			tail, tails[l.key] = t[0], t[0]
-		}
-		if tail > bestTail {
-			best, bestTail = l, tail
-		}
-	}
-	return best, best.key != ""
+	return parkSpot{due: now}, false
 }
 
 // oneServer reports whether the limits' client a and asynq's b reach one
@@ -280,11 +308,12 @@ func parkClaim(queue string) string { return throttle.Key("sluice:park:", queue)
 
 // taskMessage is what the parker reads of a pending task's asynq message
 // (asynq's internal TaskMessage, a protobuf message: type 1, payload 2,
-// retried 6, error_msg 7, headers 15). TestParkReadsAsynqMessages pins the
+// retry 5, retried 6, error_msg 7, headers 15). TestParkReadsAsynqMessages pins the
 // fields against the asynq of go.mod.
 type taskMessage struct {
 	typ     string
 	payload []byte
+	retry   int64 // retries allowed
 	retried int64
 	lastErr string
 	headers map[string]string
@@ -329,12 +358,16 @@ func decodeTaskMessage(b []byte) (m taskMessage, ok bool) {
 				m.headers[k] = val
 			}
 			b = b[n:]
-		case typ == protowire.VarintType && num == 6:
+		case typ == protowire.VarintType && (num == 5 || num == 6):
 			v, n := protowire.ConsumeVarint(b)
 			if n < 0 {
 				return m, false
 			}
-			m.retried = int64(int32(v))
+			if num == 5 {
+				m.retry = int64(int32(v))
+			} else {
+				m.retried = int64(int32(v))
+			}
 			b = b[n:]
 		default:
 			n := protowire.ConsumeFieldValue(num, typ, b)

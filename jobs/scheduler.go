@@ -69,7 +69,6 @@ type Scheduler struct {
 	worker    string // this process, for concurrency leases
 	clock     schedClock
 	slotLease time.Duration // slotLease; shorter in tests
-	polls     *EmptyPolls   // the hook on asynq's client, if the worker says (WithEmptyPolls)
 
 	gates   atomic.Pointer[gateSet]
 	running chan struct{} // a token per handler that may run at once (worker.concurrency)
@@ -79,7 +78,8 @@ type Scheduler struct {
 	fleet   *fleetSize     // live workers in the fleet, for the local policy
 	board   *blockBoard    // quotas an upstream blocked
 	waker   *waker         // tasks that wait in Redis, brought back when due
-	parker  *parker        // backlogs moved into their lines (park.go)
+	parker  *parker        // backlogs booked and moved to wait in Redis in batches (park.go)
+	parks   bool           // the limits and the queues are on one server: parker parks
 	rescuer *orphanRescue  // tasks orphaned by a worker's death
 	rates   *rateRecorder  // completions not yet added to the fleet's rate buckets
 	limits  *limitsWatch   // the runtime limits set live (runtimelimits.go)
@@ -121,10 +121,8 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.board = newBlockBoard(deps)
 	s.waker = newWaker(deps, m)
 	s.parker = newParker(deps, s.booker)
-	s.booker.polls = s.polls
-	if oneServer(rdb, queues) {
-		s.booker.park = s.parker.ask
-	}
+	s.parks = oneServer(rdb, queues)
+	s.waker.moves = s.parks
 	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
 	s.rates = &rateRecorder{fleetDeps: deps}
 	s.limits = newLimitsWatch(deps, s.applyRuntime)
@@ -420,6 +418,7 @@ booking:
 				// Its turns stay kept under its booking ID: back for them
 				// just before they come, it gets them.
 				tk.keepTurns()
+				s.parkBehind(task)
 				return s.waitInRedis(ctx, task, dueBack{d: wait - requeueLead, at: o.at.Add(-requeueLead)})
 			case limitsChanged:
 				s.giveBackStale(ctx, gs, tk) // booked at the old rate: book at the new one
@@ -429,8 +428,10 @@ booking:
 				tk.giveBackTurns()
 			}
 		case notedIn:
+			s.parkBehind(task)
 			return s.waitNoted(queue, o.d)
 		case askAgainIn:
+			s.parkBehind(task)
 			return s.waitInRedis(ctx, task, o)
 		case waitInLine:
 			if letOut, err = s.waitInLine(ctx, task, o.spot); !letOut {
@@ -497,6 +498,14 @@ booking:
 		return s.upstreamBusy(ctx, gs, task, busy)
 	}
 	return err
+}
+
+// parkBehind has the tasks queued behind a fresh task that goes back to
+// Redis to wait parked, rather than each taken and sent back (park.go).
+func (s *Scheduler) parkBehind(task taskRef) {
+	if task.fresh && s.parks {
+		s.parker.ask(task.queue)
+	}
 }
 
 // countAdmitted counts a task whose handler starts as admitted by each

@@ -54,6 +54,9 @@ type waker struct {
 	fleetDeps
 	metrics *Metrics
 
+	// moves: the queues are on the limits' server, and a take moves the
+	// tasks it takes to pending in the same script run (else ready does).
+	moves   bool
 	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
 	lookNow chan struct{} // a task was noted due before the next look
 }
@@ -254,6 +257,12 @@ func (w *waker) take(ctx context.Context, queue string, renew bool) (d time.Dura
 		more, extra := f.wakeArgs()
 		keys, args = append(keys, more...), append(args, extra...)
 	}
+	moves := w.moves && w.gates().fair[queue] == nil
+	if moves {
+		prefix := asynqKeys(queue)
+		keys = append(keys, prefix+"pending", prefix+"retry", prefix+"scheduled")
+		args = append(args, prefix+"t:", w.clock.Now().UnixNano(), wakeAgain.Microseconds(), wakeStillActive.Microseconds())
+	}
 	reply, err := wakeScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil || len(reply) == 0 {
 		return wakeEvery, false, false
@@ -265,7 +274,13 @@ func (w *waker) take(ctx context.Context, queue string, renew bool) (d time.Dura
 		until, _ := reply[1].(int64)
 		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false, false
 	}
-	if err := w.ready(ctx, queue, reply[1:]); err != nil {
+	if moves {
+		for i := 2; i < len(reply); i += 2 {
+			if moved, _ := reply[i].(int64); moved == 1 {
+				w.metrics.woken.Inc()
+			}
+		}
+	} else if err := w.ready(ctx, queue, reply[1:]); err != nil {
 		w.log.Warn("cannot move tasks due back to their queue; asynq brings them a second late", "queue", queue, "err", err)
 	}
 	busy = len(reply) > 1 || lines == 1

@@ -26,6 +26,10 @@
 --         caller's lease has life left: a SET less per look)
 -- resign: ARGV[3] -> the worker that no longer takes
 -- rush:   every task is due now (the limits changed: their turns are void)
+-- take, on the queues' server: KEYS[3..5] -> the queue's pending list,
+--         retry and scheduled sets, ARGV[7] -> its task key prefix,
+--         ARGV[8] -> now in ns (asynq's pending_since), ARGV[9], ARGV[10]
+--         -> see below
 -- take, fair: ARGV[7] -> the depth shared (fair.lua), ARGV[8] -> the most
 --         keys looked at, ARGV[9], ARGV[10] -> the drain's limit and period
 --         (µs)
@@ -112,6 +116,28 @@ for i = 1, #due, 2 do
 end
 for i = 1, #ids, 100 do
   redis.call('ZREM', KEYS[1], unpack(ids, i, math.min(i + 99, #ids)))
+end
+-- A waker whose queue's asynq keys are on this server (KEYS[3..5]) moves
+-- the tasks it takes to the head of pending in the same run, as ready.lua
+-- does, and each task's pair in the reply is its id and 1 if moved, 2 if
+-- asynq still has it as active (noted again ARGV[9] µs later, up to ARGV[10]
+-- µs after it was due), 0 if neither.
+if #KEYS == 5 then
+  local prefix, ns, again, still = ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+  for i = 2, #reply, 2 do
+    local id, overdue = reply[i], reply[i + 1]
+    local key = prefix .. id
+    local result = 0
+    if redis.call('ZREM', KEYS[4], id) == 1 or redis.call('ZREM', KEYS[5], id) == 1 then
+      redis.call('RPUSH', KEYS[3], id)
+      redis.call('HSET', key, 'state', 'pending', 'pending_since', ns)
+      result = 1
+    elseif redis.call('HGET', key, 'state') == 'active' then
+      result = 2
+      if overdue < still then redis.call('ZADD', KEYS[1], now + again, id) end
+    end
+    reply[i + 1] = result
+  end
 end
 
 -- Fair lines: each key with tasks waiting lets out as many as its share

@@ -169,13 +169,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	asynqRDB := w.file.Redis.Client()
 	defer asynqRDB.Close()
 	asynqRDB.AddHook(keepEnds{})
-	polls := &jobs.EmptyPolls{}
-	asynqRDB.AddHook(polls)
+	asynqRDB.AddHook(&jobs.EmptyPolls{})
 	if err := checkRedis(ctx, w.file.Redis, rdb, log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	redisOpt := w.file.Redis.AsynqOpt()
-	sched, err := jobs.NewScheduler(rdb, redisOpt, w.file.Jobs, jobs.NewMetrics(w.opts.registry), log, jobs.WithEmptyPolls(polls))
+	sched, err := jobs.NewScheduler(rdb, redisOpt, w.file.Jobs, jobs.NewMetrics(w.opts.registry), log)
 	if err != nil { // config.Load checked the config: this is not expected
 		return fmt.Errorf("worker: %w", err)
 	}
