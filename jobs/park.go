@@ -2,9 +2,12 @@ package jobs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -12,33 +15,31 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/sluicehq/sluice/lua"
-	"github.com/sluicehq/sluice/throttle"
 )
 
 // A backlog is parked, not taken task by task. A task queued behind others
 // that must wait in Redis for its turn is taken by a worker, booked, and
 // sent back through asynq's retry: three script runs (asynq's dequeue, the
 // booking, asynq's retry) before the visit that runs it. Once a worker has
-// sent back a fresh task (new from its producer), its parker books the
-// tasks queued behind it from the head of the queue, as a worker would
-// (a turn ahead, or a ticket in its gate's backlog line: booking.go,
-// backlog.go), several at once, and moves a batch of them to wait in Redis
-// in one script run (lua/park.lua): each noted in the wake set, resting in
-// asynq's retry set as a task sent back would, and back near its turn. A
-// task is parked only if it is fresh, has a retry left and has a rate gate;
-// any other is left for the workers, so a task of another type is not held
-// up by the backlog before it, and parking stops at a task whose turn has
-// come (the gates have room: its turn is given back and the workers take
-// it). A queue with fair shares is never parked: its tasks wait in their
-// keys' lines (fair.go).
+// sent back a fresh task (new from its producer), its parker takes the tasks
+// queued behind it off the head of the queue, a batch per script run
+// (lua/park.lua), so that no worker takes them one by one, books each as a
+// worker would (a turn ahead, or a ticket in its gate's backlog line:
+// booking.go, backlog.go) and notes it in the wake set: it rests in asynq's
+// retry set as a task sent back would, and is back near its turn. A task
+// is parked only if it is fresh, has a retry left and has a rate gate; any
+// other is left for the workers, so a task of another kind is not held up by
+// the backlog before it, and a queue whose booking finds its turn has come
+// (the gates have room) is left to the workers. A queue with fair shares is
+// never parked: its tasks wait in their keys' lines (fair.go).
 //
-// One worker at a time parks a queue (a claim in Redis, parkLease); a task
-// a worker takes meanwhile finds the turn booked for it under its booking
-// ID.
+// One worker of the fleet parks at a time (a claim in Redis, parkLease),
+// every backlogged queue together: their tasks book one at a time, each
+// queue's in the order they were queued, the queues in turn by priority,
+// so that queues sharing a quota share it as the workers would.
 const (
-	// parkBatch is how many tasks one script run parks at most: the
-	// workers take some of the backlog's head too while the parker books a
-	// batch, and those go the long way.
+	// parkBatch is how many tasks one script run takes off a queue at
+	// most.
 	parkBatch = 1024
 	// parkBytes bounds what a batch reads of its tasks' messages: a batch
 	// is smaller where they are large (the first has parkFirst, none fewer
@@ -46,11 +47,8 @@ const (
 	parkBytes = 4 << 20
 	parkFirst = 64
 	parkLeast = 8
-	// parkRounds bounds the batches of one ask (the next deferral asks
-	// again).
-	parkRounds = 4096
-	// parkLease is the life of a queue's parking claim, renewed by each
-	// batch.
+	// parkLease is the life of the fleet's parking claim, renewed while
+	// it parks.
 	parkLease = 5 * time.Second
 )
 
@@ -98,55 +96,138 @@ func (p *parker) run(ctx context.Context) {
 			return
 		case <-p.signal:
 		}
-		p.mu.Lock()
-		queues := make([]string, 0, len(p.asked))
-		for q := range p.asked {
-			queues = append(queues, q)
-		}
-		clear(p.asked)
-		p.mu.Unlock()
-		for _, q := range queues {
-			p.parkBacklog(ctx, q)
-		}
+		p.parkBacklogs(ctx)
 	}
 }
 
-// parkBacklog parks queue's backlog, a batch at a time, while its head has
-// tasks to park and no other worker is at it.
-func (p *parker) parkBacklog(ctx context.Context, queue string) {
-	claim := parkClaim(queue)
-	if ok, err := p.queues.SetNX(ctx, claim, p.worker, parkLease).Result(); err != nil || !ok {
-		return
+// takeAsked returns the queues asked for since the last call.
+func (p *parker) takeAsked() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	queues := make([]string, 0, len(p.asked))
+	for q := range p.asked {
+		queues = append(queues, q)
 	}
-	defer p.queues.Del(context.WithoutCancel(ctx), claim)
-	size := parkFirst
-	for range parkRounds {
-		parked, read, next, err := p.parkBatch(ctx, queue, size)
-		if err != nil {
-			if ctx.Err() == nil {
-				p.log.Warn("cannot park a queue's backlog in its lines; its workers take the tasks one by one", "queue", queue, "err", err)
+	clear(p.asked)
+	slices.Sort(queues)
+	return queues
+}
+
+// backlog is one queue's part of a parking: the tasks taken off its
+// pending list and not booked yet, and its turn in the round robin.
+type backlog struct {
+	queue   string
+	weight  int
+	current int          // smooth weighted round robin
+	size    int          // how many tasks the next take reads
+	moved   []parkedTask // taken, to book in order
+	drained bool         // its head has no more tasks to take
+	done    bool
+}
+
+type parkedTask struct {
+	id string
+	m  taskMessage
+}
+
+// parkBacklogs parks the backlogs of the queues asked for (and of any
+// asked meanwhile), one worker of the fleet at a time. Their tasks book one
+// at a time, the queues in turn by their priority (smooth weighted round
+// robin, as asynq's workers take them on average), so that queues sharing
+// a quota share it as the workers would have shared it, and each queue's
+// tasks book in the order they were queued.
+func (p *parker) parkBacklogs(ctx context.Context) {
+	claim := parkClaim(p.gates().cfg.Queues)
+	if ok, err := p.rdb.SetNX(ctx, claim, p.worker, parkLease).Result(); err != nil || !ok {
+		return // another worker parks: it is asked by its own tasks
+	}
+	defer p.rdb.Del(context.WithoutCancel(ctx), claim)
+	renewed := p.clock.Now()
+	var backlogs []*backlog
+	for parked := 0; parked < parkMost; {
+		gs := p.gates()
+		for _, q := range p.takeAsked() {
+			if !slices.ContainsFunc(backlogs, func(b *backlog) bool { return b.queue == q && !b.done }) && gs.fair[q] == nil {
+				backlogs = append(backlogs, &backlog{queue: q, weight: max(1, gs.cfg.Queues[q].Priority), size: parkFirst})
 			}
+		}
+		b := pickBacklog(backlogs)
+		if b == nil {
 			return
 		}
-		if parked == 0 || read < size {
-			return
+		// Taken ahead of the bookings, so that the workers, finding the
+		// queue's head empty, do not take its tasks one by one meanwhile.
+		for !b.drained && len(b.moved) < parkAhead/2 {
+			moved, err := p.take(ctx, gs, b)
+			if err != nil && ctx.Err() == nil {
+				p.log.Warn("cannot park a queue's backlog; its workers take the tasks one by one", "queue", b.queue, "err", err)
+			}
+			b.moved = append(b.moved, moved...)
+			b.drained = err != nil || len(moved) == 0
 		}
-		size = next
-		p.queues.PExpire(ctx, claim, parkLease)
+		if len(b.moved) == 0 {
+			b.done = true
+			continue
+		}
+		t := b.moved[0]
+		b.moved = b.moved[1:]
+		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m)
+		p.note(ctx, b.queue, t.id, spot)
+		parked++
+		if !ok {
+			// The gates have room: the rest of what was taken is due back
+			// at once, and the workers take the queue's tasks.
+			for _, t := range b.moved {
+				p.note(ctx, b.queue, t.id, parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())})
+			}
+			b.moved, b.done = nil, true
+		}
+		if now := p.clock.Now(); now.Sub(renewed) > parkLease/3 {
+			p.rdb.PExpire(ctx, claim, parkLease)
+			renewed = now
+		}
 	}
 }
 
-// parkBatch parks what it may of the size tasks at queue's head: parked is
-// how many, read how many it looked at, and the next batch's size.
-func (p *parker) parkBatch(ctx context.Context, queue string, size int) (parked, read, next int, err error) {
-	gs := p.gates()
-	if gs.fair[queue] != nil {
-		return 0, 0, size, nil
+// parkAhead is how many tasks of a queue a parker takes ahead of its
+// bookings, at most: they must be booked within parkHold.
+const parkAhead = 2048
+
+// parkMost bounds the tasks one parking books (the next fresh task sent
+// back asks again).
+const parkMost = 1 << 20
+
+// pickBacklog is the next backlog in the smooth weighted round robin of
+// those not done, or nil.
+func pickBacklog(backlogs []*backlog) *backlog {
+	var best *backlog
+	total := 0
+	for _, b := range backlogs {
+		if b.done {
+			continue
+		}
+		b.current += b.weight
+		total += b.weight
+		if best == nil || b.current > best.current {
+			best = b
+		}
 	}
-	prefix := asynqKeys(queue)
-	ids, err := p.queues.LRange(ctx, prefix+"pending", int64(-size), -1).Result()
+	if best != nil {
+		best.current -= total
+	}
+	return best
+}
+
+// take takes up to b.size fresh tasks with a rate gate and a retry left
+// off the head of b's queue, in one script run, so that no worker takes
+// one while it books: they rest in asynq's retry set meanwhile, due back
+// after parkHold should this worker die before it notes them. A task of
+// another kind at the head is left for the workers.
+func (p *parker) take(ctx context.Context, gs *gateSet, b *backlog) ([]parkedTask, error) {
+	prefix := asynqKeys(b.queue)
+	ids, err := p.queues.LRange(ctx, prefix+"pending", int64(-b.size), -1).Result()
 	if err != nil || len(ids) == 0 {
-		return 0, 0, size, err
+		return nil, err
 	}
 	slices.Reverse(ids) // the head (asynq takes the right end) first
 	pipe := p.queues.Pipeline()
@@ -155,104 +236,57 @@ func (p *parker) parkBatch(ctx context.Context, queue string, size int) (parked,
 		msgs[i] = pipe.HGet(ctx, prefix+"t:"+id, "msg")
 	}
 	if _, err := pipe.Exec(ctx); err != nil && err != redis.Nil {
-		return 0, 0, size, err
+		return nil, err
 	}
-	read, bytes := len(ids), 0
+	bytes := 0
 	for _, m := range msgs {
 		bytes += len(m.Val())
 	}
-	next = min(parkBatch, max(parkLeast, read*parkBytes/max(bytes, 1)))
-
-	// The fresh tasks leave the pending list first, in one script run, so
-	// that no worker takes one while it books; they rest in asynq's retry
-	// set meanwhile, due back after parkHold should this worker die before
-	// it notes them.
+	b.size = min(parkBatch, max(parkLeast, len(ids)*parkBytes/max(bytes, 1)))
 	args := []any{prefix + "t:", parkHold.Seconds(), parkedMark}
-	var candidates []int
-	decoded := make([]taskMessage, len(ids))
+	var candidates []parkedTask
 	for i, id := range ids {
 		m, ok := decodeTaskMessage([]byte(msgs[i].Val()))
-		if !ok || !m.fresh() || m.retried >= m.retry || len(gs.routeOf(queue, m.typ).gates) == 0 {
+		if !ok || !m.fresh() || m.retried >= m.retry || len(gs.routeOf(b.queue, m.typ).gates) == 0 {
 			continue // back from waiting or failing, no retry left, or no gate: for the workers
 		}
-		decoded[i] = m
-		candidates = append(candidates, i)
+		candidates = append(candidates, parkedTask{id, m})
 		args = append(args, id)
 	}
 	if len(candidates) == 0 {
-		return 0, read, next, nil
+		return nil, nil
 	}
 	moved, err := parkScript.Run(ctx, p.queues, []string{prefix + "pending", prefix + "retry"}, args...).Int64Slice()
 	if err != nil {
-		return 0, read, next, err
+		return nil, err
 	}
+	taken := candidates[:0]
+	for i, t := range candidates {
+		if i < len(moved) && moved[i] == 1 {
+			taken = append(taken, t)
+		} // else a worker took it
+	}
+	p.booker.metrics.throttled.WithLabelValues(b.queue, "parked").Add(float64(len(taken)))
+	return taken, nil
+}
 
-	// Each moved task books as a worker would book it (booking.go),
-	// parkBookings at a time: a turn ahead (kept under its booking ID), or
-	// a ticket in its gate's line; either way it is due back before it. A
-	// turn it could take now means the gates have room: it is given back,
-	// the task is due back at once, and the workers take the rest.
-	// The first books alone: a turn given back is exact only if no later
-	// one was booked meanwhile, and the first is the one to find room.
-	spots := make([]parkSpot, len(ids))
-	var room atomic.Bool
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, parkBookings)
-	for j, i := range candidates {
-		if j >= len(moved) || moved[j] != 1 {
-			continue // a worker took it
-		}
-		parked++
-		if room.Load() {
-			spots[i] = parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())} // back at once, for the workers
-			continue
-		}
-		book := func() {
-			var ok bool
-			if spots[i], ok = p.book(ctx, gs, queue, ids[i], decoded[i]); !ok {
-				room.Store(true)
-			}
-		}
-		if parked == 1 {
-			book()
-			continue
-		}
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			book()
-		})
+// note notes task id of queue due back at spot (unless its booking noted
+// it), and moves asynq's own schedule of it to a second or two after.
+func (p *parker) note(ctx context.Context, queue, id string, spot parkSpot) {
+	pipe := p.queues.Pipeline()
+	if !spot.noted {
+		pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(spot.due), Member: id})
 	}
-	wg.Wait()
-	pipe = p.queues.Pipeline()
-	for i, spot := range spots {
-		if spot.due == 0 {
-			continue
-		}
-		if !spot.noted {
-			pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(spot.due), Member: ids[i]})
-		}
-		// asynq's own fallback, a second or two after the task is due.
-		pipe.ZAddXX(ctx, prefix+"retry", redis.Z{Score: float64((spot.due+requeueLead.Microseconds())/1_000_000 + 2), Member: ids[i]})
+	pipe.ZAddXX(ctx, asynqKeys(queue)+"retry", redis.Z{Score: float64((spot.due+requeueLead.Microseconds())/1_000_000 + 2), Member: id})
+	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
+		p.log.Warn("cannot note when a parked task is due; asynq brings it back later", "queue", queue, "id", id, "err", err)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return parked, read, next, err
-	}
-	p.booker.metrics.throttled.WithLabelValues(queue, "parked").Add(float64(parked))
-	if room.Load() {
-		return parked, 0, next, nil // the workers take the rest
-	}
-	return parked, read, next, nil
 }
 
 // parkHold is how long a parked task rests in asynq's retry set before
 // its booking notes when it is due: asynq brings it back after it if the
 // parking worker died in between.
 const parkHold = 10 * time.Second
-
-// parkBookings is how many bookings a parker makes at once (throttle
-// pipelines them).
-const parkBookings = 64
 
 // parkSpot is when a parked task is due back, in µs on the limiters'
 // clock (0: not parked), and whether its booking noted it in the wake set
@@ -303,8 +337,13 @@ func oneServer(a, b redis.UniversalClient) bool {
 	return false
 }
 
-// parkClaim is held by the worker parking queue's backlog.
-func parkClaim(queue string) string { return throttle.Key("sluice:park:", queue) }
+// parkClaim is held by the worker of the fleet that parks backlogs: the
+// fleet of workers serving queues (another fleet on the same Redis, with
+// queues of its own, parks its own).
+func parkClaim(queues map[string]QueueConfig) string {
+	sum := sha256.Sum256([]byte(strings.Join(slices.Sorted(maps.Keys(queues)), "\x00")))
+	return "sluice:park:" + hex.EncodeToString(sum[:12])
+}
 
 // taskMessage is what the parker reads of a pending task's asynq message
 // (asynq's internal TaskMessage, a protobuf message: type 1, payload 2,

@@ -293,7 +293,8 @@ func TestParkMovesBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.lines.note(queueLines(queue), tail, s.clock.Now()) // what a worker read a moment ago
-	s.parker.parkBacklog(ctx, queue)
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
 	if got := pending(); !slices.Equal(got, []string{"copy", "free", "last"}) {
 		t.Errorf("pending after parking: %v, want the copy, the task with no gate and the one with no retry left", got)
 	}
@@ -348,7 +349,8 @@ func TestParkFindsRoom(t *testing.T) {
 	if _, err := client.Enqueue(asynq.NewTask("test:any", nil), asynq.Queue(queue), asynq.TaskID("a")); err != nil {
 		t.Fatal(err)
 	}
-	s.parker.parkBacklog(ctx, queue)
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
 	now, err := s.rdb.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
