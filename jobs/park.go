@@ -27,8 +27,9 @@ import (
 // worker would (a turn ahead, or a ticket in its gate's backlog line:
 // booking.go, backlog.go) and notes it in the wake set: it rests in asynq's
 // retry set as a task sent back would, and is back near its turn. A task
-// is parked only if it is fresh, has a retry left and has a rate gate; any
-// other is left for the workers, so a task of another kind is not held up by
+// is parked only if it is fresh and has a rate gate (one with no retry
+// left too: it is moved, not retried by asynq); any other is left for the
+// workers, so a task of another kind is not held up by
 // the backlog before it, and a queue whose booking finds its turn has come
 // (the gates have room) is left to the workers. A queue with fair shares is
 // never parked: its tasks wait in their keys' lines (fair.go).
@@ -144,13 +145,21 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 	defer p.rdb.Del(context.WithoutCancel(ctx), claim)
 	renewed := p.clock.Now()
 	var backlogs []*backlog
-	for parked := 0; parked < parkMost; {
-		gs := p.gates()
-		for _, q := range p.takeAsked() {
+	join := func(gs *gateSet, queues []string) {
+		for _, q := range queues {
 			if !slices.ContainsFunc(backlogs, func(b *backlog) bool { return b.queue == q && !b.done }) && gs.fair[q] == nil {
 				backlogs = append(backlogs, &backlog{queue: q, weight: max(1, gs.cfg.Queues[q].Priority), size: parkFirst})
 			}
 		}
+	}
+	// Every queue with tasks pending joins from the start, not only those
+	// whose tasks were sent back: queues that share a quota book on it in
+	// turn from its first booking on.
+	p.takeAsked()
+	join(p.gates(), p.backlogged(ctx))
+	for parked := 0; parked < parkMost; {
+		gs := p.gates()
+		join(gs, p.takeAsked())
 		b := pickBacklog(backlogs)
 		if b == nil {
 			return
@@ -193,6 +202,26 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 // bookings, at most: they must be booked within parkHold.
 const parkAhead = 2048
 
+// backlogged lists the queues of the config in force with tasks pending.
+func (p *parker) backlogged(ctx context.Context) []string {
+	queues := slices.Sorted(maps.Keys(p.gates().cfg.Queues))
+	pipe := p.queues.Pipeline()
+	lens := make([]*redis.IntCmd, len(queues))
+	for i, q := range queues {
+		lens[i] = pipe.LLen(ctx, asynqKeys(q)+"pending")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil
+	}
+	var backlogged []string
+	for i, q := range queues {
+		if lens[i].Val() > 0 {
+			backlogged = append(backlogged, q)
+		}
+	}
+	return backlogged
+}
+
 // parkMost bounds the tasks one parking books (the next fresh task sent
 // back asks again).
 const parkMost = 1 << 20
@@ -218,8 +247,7 @@ func pickBacklog(backlogs []*backlog) *backlog {
 	return best
 }
 
-// take takes up to b.size fresh tasks with a rate gate and a retry left
-// off the head of b's queue, in one script run, so that no worker takes
+// take takes up to b.size fresh tasks with a rate gate off the head of b's queue, in one script run, so that no worker takes
 // one while it books: they rest in asynq's retry set meanwhile, due back
 // after parkHold should this worker die before it notes them. A task of
 // another kind at the head is left for the workers.
@@ -247,8 +275,8 @@ func (p *parker) take(ctx context.Context, gs *gateSet, b *backlog) ([]parkedTas
 	var candidates []parkedTask
 	for i, id := range ids {
 		m, ok := decodeTaskMessage([]byte(msgs[i].Val()))
-		if !ok || !m.fresh() || m.retried >= m.retry || len(gs.routeOf(b.queue, m.typ).gates) == 0 {
-			continue // back from waiting or failing, no retry left, or no gate: for the workers
+		if !ok || !m.fresh() || len(gs.routeOf(b.queue, m.typ).gates) == 0 {
+			continue // back from waiting or failing, or no gate: for the workers
 		}
 		candidates = append(candidates, parkedTask{id, m})
 		args = append(args, id)

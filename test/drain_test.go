@@ -45,7 +45,10 @@ http: {allow: ['%s']}
 			var calls, requeued float64
 			for _, w := range fleet {
 				calls += w.counter(t, "sluice_bookings_total")
-				requeued += w.counter(t, "sluice_throttled_tasks_total", `how="requeued"`)
+				// A task parked from the queue (jobs/park.go) waited in
+				// Redis as one sent back does.
+				requeued += w.counter(t, "sluice_throttled_tasks_total", `how="requeued"`) +
+					w.counter(t, "sluice_throttled_tasks_total", `how="parked"`)
 			}
 			t.Logf("%d workers: %d requests, %.3f/s, at most %d in a second, %.3f limiter calls and %.3f trips to Redis per task",
 				workers, len(arrivals), rate, most, calls/tasks, requeued/tasks)
