@@ -27,12 +27,12 @@ import (
 // worker would (a turn ahead, or a ticket in its gate's backlog line:
 // booking.go, backlog.go) and notes it in the wake set: it rests in asynq's
 // retry set as a task sent back would, and is back near its turn. A task
-// is parked only if it is fresh and has a rate gate (one with no retry
-// left too: it is moved, not retried by asynq); any other is left for the
-// workers, so a task of another kind is not held up by
-// the backlog before it, and a queue whose booking finds its turn has come
-// (the gates have room) is left to the workers. A queue with fair shares is
-// never parked: its tasks wait in their keys' lines (fair.go).
+// is parked only if it is fresh and has a rate gate (one with no retry left
+// too: it is moved, not retried by asynq); any other is left for the
+// workers, so a task of another kind is not held up by the backlog before
+// it, and a queue whose booking finds its turn has come (the gates have
+// room) is left to the workers. A queue with fair shares is never parked:
+// its tasks wait in their keys' lines (fair.go).
 //
 // One worker of the fleet parks at a time (a claim in Redis, parkLease),
 // every backlogged queue together: their tasks book one at a time, each
@@ -43,10 +43,9 @@ const (
 	// most.
 	parkBatch = 1024
 	// parkBytes bounds what a batch reads of its tasks' messages: a batch
-	// is smaller where they are large (the first has parkFirst, none fewer
-	// than parkLeast).
+	// is smaller where they are large (none has fewer than parkLeast but
+	// a queue's first, one task).
 	parkBytes = 4 << 20
-	parkFirst = 64
 	parkLeast = 8
 	// parkLease is the life of the fleet's parking claim, renewed while
 	// it parks.
@@ -64,8 +63,8 @@ var parkedMark = protowire.AppendString(protowire.AppendTag(nil, 7, protowire.By
 
 var parkScript = redis.NewScript(lua.Park)
 
-// parker parks the backlogs of the queues its worker's tasks found behind
-// a line.
+// parker parks the backlogs of the queues whose fresh tasks its worker
+// sent back to Redis (and of the others backlogged then).
 type parker struct {
 	fleetDeps
 	booker *booker
@@ -122,7 +121,8 @@ type backlog struct {
 	current int          // smooth weighted round robin
 	size    int          // how many tasks the next take reads
 	moved   []parkedTask // taken, to book in order
-	drained bool         // its head has no more tasks to take
+	booked  int
+	drained bool // its head has no more tasks to take
 	done    bool
 }
 
@@ -148,7 +148,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 	join := func(gs *gateSet, queues []string) {
 		for _, q := range queues {
 			if !slices.ContainsFunc(backlogs, func(b *backlog) bool { return b.queue == q && !b.done }) && gs.fair[q] == nil {
-				backlogs = append(backlogs, &backlog{queue: q, weight: max(1, gs.cfg.Queues[q].Priority), size: parkFirst})
+				backlogs = append(backlogs, &backlog{queue: q, weight: max(1, gs.cfg.Queues[q].Priority), size: 1})
 			}
 		}
 	}
@@ -157,16 +157,23 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 	// turn from its first booking on.
 	p.takeAsked()
 	join(p.gates(), p.backlogged(ctx))
+	looked := p.clock.Now()
 	for parked := 0; parked < parkMost; {
 		gs := p.gates()
 		join(gs, p.takeAsked())
+		if now := p.clock.Now(); now.Sub(looked) > time.Second {
+			join(gs, p.backlogged(ctx)) // queues backlogged since
+			looked = now
+		}
 		b := pickBacklog(backlogs)
 		if b == nil {
 			return
 		}
 		// Taken ahead of the bookings, so that the workers, finding the
-		// queue's head empty, do not take its tasks one by one meanwhile.
-		for !b.drained && len(b.moved) < parkAhead/2 {
+		// queue's head empty, do not take its tasks one by one meanwhile;
+		// but one task alone first, whose booking may find the gates have
+		// room (the queue is then the workers').
+		for !b.drained && len(b.moved) < parkAhead/2 && (b.booked > 0 || len(b.moved) == 0) {
 			moved, err := p.take(ctx, gs, b)
 			if err != nil && ctx.Err() == nil {
 				p.log.Warn("cannot park a queue's backlog; its workers take the tasks one by one", "queue", b.queue, "err", err)
@@ -183,6 +190,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m)
 		p.note(ctx, b.queue, t.id, spot)
 		parked++
+		b.booked++
 		if !ok {
 			// The gates have room: the rest of what was taken is due back
 			// at once, and the workers take the queue's tasks.
