@@ -104,6 +104,9 @@ type taskRef struct {
 	// exhausted: it has no retry left; asynq would archive it on the
 	// retry path.
 	exhausted bool
+	// parked: the parker books it (park.go), not a worker: it is lent no
+	// turn, which could not be given back if it has come.
+	parked bool
 }
 
 // refOf reads task t, id in queue, as its path needs it; the rest comes
@@ -423,7 +426,7 @@ func (b *booker) evalKey(gate string, expr *keyExpr, vars *taskVars, wait bool) 
 // book. Queues with fairness book every task: a fair share is counted task
 // by task (their routes have no pool, and keyed gates in them do not lend).
 func (b *booker) lent(ctx context.Context, gs *gateSet, task taskRef, r *route, claims []claim) bool {
-	if !task.fresh {
+	if !task.fresh || task.parked {
 		return false
 	}
 	pool := r.pool

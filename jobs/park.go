@@ -337,7 +337,7 @@ type parkSpot struct {
 // come: it is given back, and the task is due back at once.
 func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage) (parkSpot, bool) {
 	t := asynq.NewTaskWithHeaders(m.typ, m.payload, m.headers)
-	task := taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t), fresh: true}
+	task := taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t), fresh: true, parked: true}
 	now := p.booker.lines.limitersNow(p.clock.Now())
 	o, err := p.booker.book(ctx, gs, task, false)
 	if err != nil {
