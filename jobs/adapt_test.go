@@ -206,7 +206,7 @@ func TestAdaptiveRates(t *testing.T) {
 			report(UpstreamAnswer{Busy: true})
 			report(UpstreamAnswer{Allowance: &Allowance{Limit: 90, Remaining: -1}})
 			if limit(s) != 12 || s.adapt.learned()[quota].Limit != 40 {
-				t.Fatalf("pinned: limit %d, learned %d; want 12, and the learned 40 unchanged", limit(s), s.adapt.learned()[quota].Limit)
+				t.Fatalf("pinned: limit %d, learned %v; want 12, and the learned 40 unchanged", limit(s), s.adapt.learned()[quota].Limit)
 			}
 			if _, err := ResetLimit(ctx, rdb, file, gate, "", "ops", "done"); err != nil {
 				t.Fatal(err)

@@ -116,9 +116,12 @@ type LimitConfig struct {
 	// place within [Min, Max].
 	Adaptive *AdaptiveConfig
 
-	// startLimit is an adaptive quota's Limit in its file, where a learned
-	// limit took its place (mergeLearned); 0 if none did.
-	startLimit int
+	// startLimit and startPeriod are an adaptive quota's Limit and Period
+	// in its file, where a learned limit took their place (atLearned); 0
+	// if none did. learned is that learned limit.
+	startLimit  int
+	startPeriod time.Duration
+	learned     float64
 	// generation is the µs of the limit's last runtime change (set, reset
 	// or lapse), 0 if none: its state's version (stateVersion).
 	generation int64
