@@ -220,8 +220,8 @@ func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, t 
 // startRate is an adaptive quota's starting rate: its file's limit (a
 // learned limit merged in its place is not the start).
 func (l LimitConfig) startRate() int {
-	if l.startLimit != 0 {
-		return l.startLimit
+	if l.filed != nil {
+		return l.filed.limit
 	}
 	return l.Limit
 }
@@ -229,8 +229,8 @@ func (l LimitConfig) startRate() int {
 // RatePeriod is the period an adaptive quota's rates are per: its file's
 // (a learned limit with a fraction is put in force over ten of them).
 func (l LimitConfig) RatePeriod() time.Duration {
-	if l.startPeriod != 0 {
-		return l.startPeriod
+	if l.filed != nil {
+		return l.filed.period
 	}
 	return l.Period
 }
@@ -244,7 +244,10 @@ func (l LimitConfig) RatePeriod() time.Duration {
 func (l LimitConfig) atLearned(limit float64) LimitConfig {
 	limit = min(max(limit, float64(l.Adaptive.Min)), float64(l.Adaptive.Max))
 	at := l
-	at.startLimit, at.startPeriod, at.learned = l.startRate(), l.RatePeriod(), limit
+	if at.filed == nil {
+		at.filed = &filedRate{limit: l.Limit, burst: l.Burst, period: l.Period}
+	}
+	at.Burst, at.Period, at.learned = at.filed.burst, at.filed.period, limit
 	if whole := math.Round(limit); math.Abs(limit-whole) < 1e-6 {
 		at.Limit = int(whole)
 		return at
@@ -252,7 +255,7 @@ func (l LimitConfig) atLearned(limit float64) LimitConfig {
 	if at.Burst == 0 {
 		at.Burst = max(1, int(math.Round(limit))) // 0 means Limit: a period's worth, not ten periods'
 	}
-	at.Limit, at.Period = int(math.Round(limit*10)), at.startPeriod*10
+	at.Limit, at.Period = int(math.Round(limit*10)), at.Period*10
 	return at
 }
 
