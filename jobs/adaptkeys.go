@@ -48,8 +48,8 @@ const (
 	// time ahead, the turns booked ahead on it within a bucket's window
 	// too; the tasks held for those turns, here and on the other workers
 	// (told of the change within milliseconds), give them back first
-	// instead, or each would be a turn lost: measured, that was a tenth of
-	// a 2/s destination's calls.
+	// instead, or each would be a turn lost (half a second of calls, at a
+	// destination of 2/s).
 	adaptKeyTakeOver = 25 * time.Millisecond
 )
 
