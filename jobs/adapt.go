@@ -64,8 +64,10 @@ func adaptKey(quota string) string { return throttle.Key("sluice:adapt:", quota)
 
 // LearnedRate is an adaptive quota's rate as the fleet learned it.
 type LearnedRate struct {
-	Rate  float64 // events per the quota's period
-	Limit int     // Rate rounded: the limit put in force
+	Rate float64 // events per the quota's period
+	// Limit is Rate rounded, the limit put in force: in whole events per
+	// period, or in tenths below 10 for a bucket (LimitConfig.atLearned).
+	Limit float64
 	// Since is when Limit was set, on Redis's clock: the generation of the
 	// limit's state (LimitConfig.stateVersion), the same in every worker.
 	Since time.Time
@@ -173,7 +175,7 @@ func (a *adaptiveRates) report(ctx context.Context, cfg Config) {
 		if !ok {
 			continue
 		}
-		if lr.Limit != l.Limit && !a.pinned(name) {
+		if lr.Limit != l.learned && !a.pinned(name) {
 			stale = true
 			changed = changed || lr.changed
 		}
@@ -218,10 +220,43 @@ func (a *adaptiveRates) send(ctx context.Context, name string, l LimitConfig, t 
 // startRate is an adaptive quota's starting rate: its file's limit (a
 // learned limit merged in its place is not the start).
 func (l LimitConfig) startRate() int {
-	if l.startLimit != 0 {
-		return l.startLimit
+	if l.filed != nil {
+		return l.filed.limit
 	}
 	return l.Limit
+}
+
+// RatePeriod is the period an adaptive quota's rates are per: its file's
+// (a learned limit with a fraction is put in force over ten of them).
+func (l LimitConfig) RatePeriod() time.Duration {
+	if l.filed != nil {
+		return l.filed.period
+	}
+	return l.Period
+}
+
+// atLearned is adaptive quota l, as in its file, with a learned limit in
+// force, within [Min, Max]: in whole events per period, or one with a
+// fraction (a bucket's below 10: adapt.lua) in tenths over ten periods at
+// the same burst, so that 1.8/s is 18 per 10 s, one event every 556 ms.
+// Rounded to whole events, a destination allowing 2/s would get 1/s, or
+// all of its 2/s and a 429 for every call a few ms early.
+func (l LimitConfig) atLearned(limit float64) LimitConfig {
+	limit = min(max(limit, float64(l.Adaptive.Min)), float64(l.Adaptive.Max))
+	at := l
+	if at.filed == nil {
+		at.filed = &filedRate{limit: l.Limit, burst: l.Burst, period: l.Period}
+	}
+	at.Burst, at.Period, at.learned = at.filed.burst, at.filed.period, limit
+	if whole := math.Round(limit); math.Abs(limit-whole) < 1e-6 {
+		at.Limit = int(whole)
+		return at
+	}
+	if at.Burst == 0 {
+		at.Burst = max(1, int(math.Round(limit))) // 0 means Limit: a period's worth, not ten periods'
+	}
+	at.Limit, at.Period = int(math.Round(limit*10)), at.Period*10
+	return at
 }
 
 func round2(x float64) float64 { return math.Round(x*100) / 100 }
@@ -286,8 +321,7 @@ func mergeLearned(c Config, learned map[string]LearnedRate, pinned func(string) 
 		if !ok || l.Adaptive == nil || l.Key != "" || pinned(name) || lr.Limit < 1 {
 			continue
 		}
-		l.startLimit = l.Limit
-		l.Limit = min(max(lr.Limit, l.Adaptive.Min), l.Adaptive.Max)
+		l = l.atLearned(lr.Limit)
 		l.generation = max(l.generation, lr.Since.UnixMicro())
 		c.Quotas[name] = l
 	}

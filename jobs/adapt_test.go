@@ -206,7 +206,7 @@ func TestAdaptiveRates(t *testing.T) {
 			report(UpstreamAnswer{Busy: true})
 			report(UpstreamAnswer{Allowance: &Allowance{Limit: 90, Remaining: -1}})
 			if limit(s) != 12 || s.adapt.learned()[quota].Limit != 40 {
-				t.Fatalf("pinned: limit %d, learned %d; want 12, and the learned 40 unchanged", limit(s), s.adapt.learned()[quota].Limit)
+				t.Fatalf("pinned: limit %d, learned %v; want 12, and the learned 40 unchanged", limit(s), s.adapt.learned()[quota].Limit)
 			}
 			if _, err := ResetLimit(ctx, rdb, file, gate, "", "ops", "done"); err != nil {
 				t.Fatal(err)
@@ -318,5 +318,40 @@ func TestAdaptNoCreep(t *testing.T) {
 	}
 	if changes != 3 || r.rate <= 30 {
 		t.Fatalf("3 s of 32 successes a second: %d changes, rate %v; want 3 raises", changes, r.rate)
+	}
+}
+
+// TestLearnedFraction: a bucket's learned limit below 10 is put in force
+// in tenths (a stated 1.8/s stays 1.8, a window's is rounded to 2), as
+// tenths over ten periods at the same burst (1.8/s is 18 per 10 s, burst
+// 1; a burst left to its default is a period's worth, 2); whole limits
+// keep the period; the rates stay per the file's period.
+func TestLearnedFraction(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	for fine, want := range map[string]string{"1": "1.8", "0": "2"} {
+		reply, err := adaptScript.Run(context.Background(), rdb, []string{adaptKey(redistest.Queue(t, "fraction"+fine))}, "", 1, 100, 10,
+			time.Second.Microseconds(), 0, 0, "1.800000", "0", 60, fine).StringSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reply[4] != want {
+			t.Errorf("a stated 1.8/s with fractions %s: limit in force %q, want %q", fine, reply[4], want)
+		}
+	}
+	l := LimitConfig{Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1, Adaptive: &AdaptiveConfig{Min: 1, Max: 100}}
+	at := l.atLearned(1.8)
+	if at.Limit != 18 || at.Period != 10*time.Second || at.Burst != 1 || at.RatePeriod() != time.Second || at.startRate() != 10 {
+		t.Errorf("1.8/s in force as %d/%v burst %d (rates per %v, start %d); want 18/10s burst 1, per 1s, start 10", at.Limit, at.Period, at.Burst, at.RatePeriod(), at.startRate())
+	}
+	if err := at.Spec().Validate(); err != nil {
+		t.Error(err)
+	}
+	if again := at.atLearned(20); again.Limit != 20 || again.Period != time.Second || again.startRate() != 10 {
+		t.Errorf("20/s after 1.8/s in force as %d/%v (start %d); want 20/1s, start 10", again.Limit, again.Period, again.startRate())
+	}
+	l.Burst = 0
+	if at := l.atLearned(1.8); at.Burst != 2 {
+		t.Errorf("1.8/s of a quota with the default burst: burst %d, want 2 (a period's worth)", at.Burst)
 	}
 }

@@ -42,6 +42,15 @@ const (
 	// adaptKeyFirstRead bounds the read of a key value's learned rate the
 	// first time a worker meets the value.
 	adaptKeyFirstRead = time.Second
+	// adaptKeyTakeOver: no turn is booked on a key value's gate at a new
+	// learned limit until this long after this worker built it. Its state
+	// takes over, at its first booking, what the old gate's counts for the
+	// time ahead, the turns booked ahead on it within a bucket's window
+	// too; the tasks held for those turns, here and on the other workers
+	// (told of the change within milliseconds), give them back first
+	// instead, or each would be a turn lost (half a second of calls, at a
+	// destination of 2/s).
+	adaptKeyTakeOver = 25 * time.Millisecond
 )
 
 // adaptKeyKey is the controller state of one key value (as its limit keeps
@@ -141,7 +150,13 @@ func (a *adaptiveRates) noteKey(g *gate, stored string, ans UpstreamAnswer) {
 func (a *adaptiveRates) reportKeys(ctx context.Context, name string, l LimitConfig, learned *learnedGates) bool {
 	qk := a.keysOf(name)
 	pinned := a.pinned(name)
-	idleSince := a.clock.Now().Add(-a.keyIdle).UnixMicro()
+	now := a.clock.Now()
+	idleSince := now.Add(-a.keyIdle).UnixMicro()
+	// A value used within adaptiveReserve may have tasks held here for
+	// turns booked on its gate: its rate is read at every report (and at
+	// every other worker's change), so that they book again at once when
+	// it changes (refresh).
+	heldSince := now.Add(-adaptiveReserve).UnixMicro()
 	type sent struct {
 		stored string
 		kr     *keyRate
@@ -153,11 +168,15 @@ func (a *adaptiveRates) reportKeys(ctx context.Context, name string, l LimitConf
 	for stored, kr := range qk.keys {
 		t := kr.tally.take()
 		if !kr.wanted.Swap(false) && t.empty() {
-			if kr.used.Load() < idleSince {
+			used := kr.used.Load()
+			if used < idleSince {
 				delete(qk.keys, stored)
 				learned.forget(stored)
+				continue
 			}
-			continue
+			if used < heldSince || !learned.holds(stored) {
+				continue
+			}
 		}
 		if pinned {
 			t = tallied{} // what the pinned limit met says nothing of the learned one
@@ -200,6 +219,7 @@ func (a *adaptiveRates) reportKeys(ctx context.Context, name string, l LimitConf
 			continue
 		}
 		b.kr.rate.Store(&lr)
+		learned.refresh(b.stored, lr)
 		if cause != "" {
 			changed = true
 			if d, _ := a.logGate.AllowN(context.Background(), "quota:"+name, 1); d.Allowed {
@@ -236,7 +256,7 @@ func learnedFrom(v []any) (LearnedRate, bool) {
 	l, _ := v[1].(string)
 	g, _ := v[2].(string)
 	rate, err1 := strconv.ParseFloat(r, 64)
-	limit, err2 := strconv.Atoi(l)
+	limit, err2 := strconv.ParseFloat(l, 64)
 	since, err3 := strconv.ParseInt(g, 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil {
 		return LearnedRate{}, false
@@ -291,7 +311,7 @@ type learnedGates struct {
 	pinned bool        // a runtime limit sets the quota's own limit: no value's rate is learned
 	// build builds the gate of key value stored at limit in generation,
 	// the successor of was (nil: of the quota's gate).
-	build func(stored string, limit int, generation int64, was *gate) (*gate, error)
+	build func(stored string, limit float64, generation int64, was *gate) (*gate, error)
 	built sync.Map // stored key value -> *gate
 }
 
@@ -305,12 +325,18 @@ func (lg *learnedGates) of(stored string) *gate {
 	if !ok || lr.Limit < 1 {
 		return nil
 	}
-	limit := min(max(lr.Limit, lg.limit.Adaptive.Min), lg.limit.Adaptive.Max)
+	return lg.at(stored, lr)
+}
+
+// at is the gate of key value stored at learned rate lr: the one built
+// if it is at lr's limit, else a new one, which supersedes it.
+func (lg *learnedGates) at(stored string, lr LearnedRate) *gate {
+	limit := lr.Limit
 	generation := max(lg.limit.generation, lr.Since.UnixMicro())
 	var was *gate
 	if v, ok := lg.built.Load(stored); ok {
 		was = v.(*gate)
-		if was.limit.Limit == limit && was.limit.generation == generation {
+		if was.limit.learned == limit && was.limit.generation == generation {
 			return was
 		}
 	}
@@ -318,11 +344,48 @@ func (lg *learnedGates) of(stored string) *gate {
 	if err != nil {
 		return nil // Validate checked the spec at adaptive.min and .max: a bug; the quota's own limit holds
 	}
+	if was != nil {
+		g.takeOverAt = time.Now().Add(adaptKeyTakeOver)
+	}
 	lg.built.Store(stored, g)
 	if was != nil {
 		was.supersede() // the tasks held here for its turns book again
 	}
 	return g
+}
+
+// awaitTakeOver waits, before a turn is booked on g, until its state may
+// take over from its predecessor's (adaptKeyTakeOver). Real time: the
+// other workers' news of the change is.
+func (g *gate) awaitTakeOver() {
+	if wait := time.Until(g.takeOverAt); !g.takeOverAt.IsZero() && wait > 0 {
+		time.Sleep(wait)
+	}
+}
+
+// refresh puts key value stored's learned rate lr in force at once if
+// this worker built a gate for it at another: the tasks held here for
+// turns booked on the old gate book again now, not at their old turns,
+// which the new gate did not count if they were further ahead than its
+// bucket's window when it took over (another worker built it): each would
+// come on top of one of the new gate's.
+func (lg *learnedGates) refresh(stored string, lr LearnedRate) {
+	if lg == nil || lg.pinned || lr.Limit < 1 {
+		return
+	}
+	if _, ok := lg.built.Load(stored); ok {
+		lg.at(stored, lr)
+	}
+}
+
+// holds reports whether this worker built a gate for key value stored:
+// tasks here may hold turns booked on it.
+func (lg *learnedGates) holds(stored string) bool {
+	if lg == nil {
+		return false
+	}
+	_, ok := lg.built.Load(stored)
+	return ok
 }
 
 // forget drops the gate of key value stored.
@@ -352,8 +415,12 @@ func adaptArgs(now string, l LimitConfig, t tallied, ttl time.Duration) []any {
 	if t.low {
 		lowArg = "1"
 	}
-	return []any{now, l.Adaptive.Min, l.Adaptive.Max, l.startRate(), l.Period.Microseconds(), t.ok, t.busy,
-		strconv.FormatFloat(t.stated, 'f', 6, 64), lowArg, int64(ttl / time.Second)}
+	fine := "0" // a window's limit is whole events per period
+	if l.Algorithm == string(throttle.TokenBucket) || l.Algorithm == string(throttle.LeakyBucket) {
+		fine = "1"
+	}
+	return []any{now, l.Adaptive.Min, l.Adaptive.Max, l.startRate(), l.RatePeriod().Microseconds(), t.ok, t.busy,
+		strconv.FormatFloat(t.stated, 'f', 6, 64), lowArg, int64(ttl / time.Second), fine}
 }
 
 // parseAdapt reads adapt.lua's reply: the learned rate, and the cause of
@@ -363,7 +430,7 @@ func parseAdapt(reply []string) (LearnedRate, string, bool) {
 		return LearnedRate{}, "", false
 	}
 	rate, err1 := strconv.ParseFloat(reply[0], 64)
-	limit, err2 := strconv.Atoi(reply[4])
+	limit, err2 := strconv.ParseFloat(reply[4], 64)
 	since, err3 := strconv.ParseInt(reply[5], 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil {
 		return LearnedRate{}, "", false

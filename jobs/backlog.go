@@ -72,7 +72,7 @@ func lineOf(queue string, c claim, cost int) (backlogLine, bool) {
 		// whatever rate it learns later is fed (a task back before the
 		// limit has a turn for it takes a ticket again: max - rate a
 		// second).
-		line, rate = c.g.name, a.Max
+		line, rate, limit.Period = c.g.name, a.Max, limit.RatePeriod()
 	}
 	sum := sha256.Sum256([]byte(line + "\x00" + c.key))
 	return backlogLine{

@@ -352,6 +352,7 @@ func (g *gate) claimOn(key string) claim {
 		return claim{g: g, lim: ov.lim, key: key}
 	}
 	if lg := g.learned.of(key); lg != nil {
+		lg.awaitTakeOver()
 		return claim{g: lg, lim: lg.lim, key: key}
 	}
 	return claim{g: g, lim: g.lim, key: key}

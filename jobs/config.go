@@ -116,12 +116,20 @@ type LimitConfig struct {
 	// place within [Min, Max].
 	Adaptive *AdaptiveConfig
 
-	// startLimit is an adaptive quota's Limit in its file, where a learned
-	// limit took its place (mergeLearned); 0 if none did.
-	startLimit int
+	// filed is an adaptive quota's Limit, Period and Burst as in its file,
+	// where a learned limit took their place (atLearned); nil if none did.
+	// learned is that learned limit.
+	filed   *filedRate
+	learned float64
 	// generation is the µs of the limit's last runtime change (set, reset
 	// or lapse), 0 if none: its state's version (stateVersion).
 	generation int64
+}
+
+// filedRate is an adaptive quota's rate as in its file.
+type filedRate struct {
+	limit, burst int
+	period       time.Duration
 }
 
 // What a task does when its key expression fails (on_key_error).

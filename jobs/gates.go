@@ -130,6 +130,9 @@ type gate struct {
 	// held here for turns booked on it book again. nil on other gates.
 	superseded chan struct{}
 	supersede  func()
+	// takeOverAt, on a key value's gate at a new learned limit, is the
+	// earliest a turn is booked on it (awaitTakeOver); zero on others.
+	takeOverAt time.Time
 	// fair: the gate is a queue's fair share (fairGate.share): it has no
 	// limit of its own, and its claim is booked and counted with the
 	// drain's.
@@ -237,13 +240,13 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		}
 		if l.Adaptive != nil && o.adapt != nil && !o.local {
 			g.learned = &learnedGates{rates: o.adapt, quota: name, limit: l, pinned: o.pinned != nil && o.pinned(name)}
-			g.learned.build = func(stored string, limit int, generation int64, was *gate) (*gate, error) {
+			g.learned.build = func(stored string, limit float64, generation int64, was *gate) (*gate, error) {
 				o := o
 				o.previous, o.replacing = nil, was
 				if was == nil {
 					o.replacing = g
 				}
-				at := l.override(LimitOverride{Limit: limit})
+				at := l.atLearned(limit).override(LimitOverride{})
 				at.generation = generation
 				lg, err := newGateWith(o, kind, name, at, name+"\x00"+stored)
 				if err != nil {

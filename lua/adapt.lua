@@ -14,6 +14,9 @@
 -- ARGV[8] -> the lowest limit an upstream stated, per period (0: none)
 -- ARGV[9] -> 1 if an upstream said its allowance is nearly used up, else 0
 -- ARGV[10] -> the state's TTL in seconds (refreshed by every call)
+-- ARGV[11] -> 1 if the limit in force may be a fraction of an event per
+--             period (a bucket's: jobs puts 1.8/s in force as 18/10s),
+--             else 0 (whole events per period)
 -- Output  -> {rate, rate before this call, cause of a change or "",
 --             recent successes per period, the limit in force (the rate
 --             rounded), µs when that limit was set}, numbers as strings.
@@ -25,19 +28,23 @@
 -- * A stated limit is taken as it is, at once, and for statedHold no probe
 --   goes above it.
 -- * "Slow down" (a 429 or 503, or an allowance nearly used up) cuts the
---   rate: the first of an episode by beta; one more than a second later,
---   while they continue, to 95% of what the upstream let through since the
---   cut (the upstream's real rate, measured) if that is lower still
---   (90% of it: the upstream's bucket is empty then, and refills only by
---   what the rate leaves). One
---   burst of 429s counts once: a second cut waits a second.
--- * While calls succeed and the rate is used (its recent successes at
---   least `busyEnough` of it: an idle quota does not creep up), once a
---   second: with no ceiling known, times growth; under 95% of the ceiling
---   (what the upstream let through before the last cut), half the way to
---   it; past it, a probe that starts at 4% of the ceiling and doubles each
---   second (at most the ceiling), so a raised limit is found in
---   seconds and an unchanged one is passed by little.
+--   rate to 90% (settle) of the ceiling, the rate before the last raise
+--   (it held a second without a "slow down"; none known: the successes
+--   of the last second), by beta at most. If the upstream refused a real
+--   share of the calls since the last cut (at least `refused` of them,
+--   and 5) within 3 s of it, its limit fell: the ceiling is what got
+--   through since the cut (the upstream's real rate, measured), the rate
+--   90% of that if lower still. One burst of 429s counts once: a second
+--   cut waits a second.
+-- * While calls succeed and the rate is used (its recent successes, give
+--   or take the one event a count over a second is known to, at least
+--   `busyEnough` of it: an idle quota does not creep up), once a second:
+--   with no ceiling known, times growth; under 95% of the ceiling, half
+--   the way to it; past it, a probe that starts at 4% of the ceiling and
+--   doubles each second (at most the ceiling), so a raised limit is found
+--   in seconds and an unchanged one is passed by little. After a cut below
+--   a rate that held, the first probe waits `plateau` from the cut: the
+--   limit was where it was.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 if not now then
@@ -49,10 +56,16 @@ local period = tonumber(ARGV[5])
 local ok, busy = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stated, low = tonumber(ARGV[8]), ARGV[9] == '1'
 local ttl = tonumber(ARGV[10])
+local fine = ARGV[11] == '1'
 
 local second = 1000000
 local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
+-- refused: the share of calls refused since the last cut above which the
+-- upstream's rate is measured by what got through.
+local refused = 0.2
 local statedHold = 60 * second
+-- plateau: no probe this soon after a cut below a rate that held.
+local plateau = 6 * second
 -- near: the rate approaches this share of the ceiling quickly; past it,
 -- it probes.
 local near = 0.95
@@ -63,7 +76,7 @@ local function clamp(x)
   return x
 end
 
-local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g')
+local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g', 'sb', 'pr', 'pa')
 local r = clamp(tonumber(h[1]) or start)
 local ceiling = tonumber(h[2]) or 0
 local at = tonumber(h[3]) or 0      -- last change
@@ -76,6 +89,9 @@ local sp = tonumber(h[9]) or 0       -- successes in the second before it
 local statedUntil = tonumber(h[10]) or 0
 local limit = tonumber(h[11]) or 0   -- the rate rounded, as put in force
 local limitAt = tonumber(h[12]) or now
+local sinceBusy = tonumber(h[13]) or 0 -- calls refused since the last cut
+local held = tonumber(h[14]) or 0 -- the rate before the last raise: it held a second without a 429
+local probeAt = tonumber(h[15]) or 0 -- no probe past the ceiling before
 
 -- Successes over the last second, by whole seconds: the current one and the
 -- part of the one before that the last second still covers.
@@ -87,6 +103,7 @@ elseif elapsed >= second then
 end
 s = s + ok
 sinceCut = sinceCut + ok
+sinceBusy = sinceBusy + busy
 local recent = (s + sp * math.max(0, 1 - (now - w) / second)) * period / second
 
 local before = r
@@ -98,40 +115,49 @@ if stated > 0 then
   end
   statedUntil = now + statedHold
 elseif (busy > 0 or low) and now - cut >= second then
-  local measured = 0
-  if cut > 0 and now - cut < 3 * second then
-    -- Still answered "slow down" since the last cut: what got through
-    -- since then is the upstream's rate now.
-    measured = sinceCut * period / (now - cut)
-  end
-  ceiling = math.min(recent, r)
-  r = beta * r
-  if measured > 0 then
-    r = math.min(r, settle * measured)
-    ceiling = measured
+  ceiling = math.min(r, held > 0 and held or recent)
+  if cut > 0 and now - cut < 3 * second and sinceBusy >= 5 and sinceBusy >= refused * (sinceCut + sinceBusy) then
+    -- Still refused a real share of the calls since the last cut: what
+    -- got through since then is the upstream's rate now.
+    ceiling = sinceCut * period / (now - cut)
+    r = math.min(beta * r, settle * ceiling)
+    probeAt = now
+  else
+    probeAt = now
+    if held > 0 then probeAt = now + plateau end
+    r = math.min(r, math.max(beta * r, settle * ceiling))
   end
   r = clamp(r)
-  cut, sinceCut, k = now, 0, 0
+  cut, sinceCut, sinceBusy, k, held = now, 0, 0, 0, 0
   cause = 'slow down'
   if busy == 0 then cause = 'allowance low' end
-elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and recent >= busyEnough * r then
+elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and recent + period / second >= busyEnough * r then
   if ceiling <= 0 then
     r = r * growth
   elseif r < 0.999 * near * ceiling then -- (r is kept to 6 decimals)
     r = math.min(near * ceiling, r + math.max((near * ceiling - r) / 2, 0.01 * ceiling))
-  elseif now >= statedUntil then
+  elseif now >= statedUntil and now >= probeAt then
     r = r + math.min(0.04 * ceiling * 2 ^ k, ceiling)
     k = k + 1
   end
   r = clamp(r)
-  if r ~= before then cause = 'successes' end
+  if r ~= before then cause, held = 'successes', before end
 end
 if cause ~= '' then at = now end
+-- The limit in force: r in whole events per period, or in tenths below
+-- 10 where fractions may be put in force (a rate of 2 rounded to 1 or 2
+-- would be half the upstream's limit, or all of it and a 429 at every
+-- late call).
 local rounded = math.max(1, math.floor(r + 0.5))
+if fine and r < 10 then rounded = math.max(0.1, math.floor(r * 10 + 0.5) / 10) end
 if rounded ~= limit then limit, limitAt = rounded, now end
+local function num(x)
+  if x == math.floor(x) then return int(x) end
+  return string.format('%.1f', x)
+end
 
 redis.call('HSET', key, 'r', string.format('%.6f', r), 'c', string.format('%.6f', ceiling), 'at', int(at), 'cut', int(cut),
-  'sc', int(sinceCut), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
-  'l', int(limit), 'g', int(limitAt))
+  'sc', int(sinceCut), 'sb', int(sinceBusy), 'pr', string.format('%.6f', held), 'pa', int(probeAt), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
+  'l', num(limit), 'g', int(limitAt))
 redis.call('EXPIRE', key, ttl)
-return {string.format('%.6f', r), string.format('%.6f', before), cause, string.format('%.6f', recent), int(limit), int(limitAt)}
+return {string.format('%.6f', r), string.format('%.6f', before), cause, string.format('%.6f', recent), num(limit), int(limitAt)}

@@ -130,15 +130,13 @@ var keyedLimits = map[string]int{"d02": 2, "d03": 3, "d05": 5, "d07": 7, "d10": 
 // 1 to 100/s per destination, starting at 10 (the static keyed quota of
 // issue 23's measurement: 28.5% of all calls 429, the large destinations
 // at a quarter of their limits), against an API that allows each
-// destination its own hidden rate, 2/s to 40/s, for 35 s.
-//
-// What it asserts is what this build does, not yet the issue's line (each
-// destination >= 85% of its limit after 15 s, <= 3% 429s; measured: 3.8%
-// 429s, destinations of 10/s and more at 84 to 94%, the small ones at 50
-// to 76%, their learned limits whole events a second): at most 6% of all
-// calls answered 429; from 15 s on, the destinations of 24/s and more at
-// least 70% of their hidden limits (79 to 95% in the runs so far), every
-// destination at least 40%;
+// destination its own hidden rate, 2/s to 40/s, for 35 s: at most 3% of
+// all calls answered 429, and from 15 s on each destination of 7/s and
+// more at least 85% of its hidden limit (issue 23's line; measured 1.7
+// to 1.9%, and 96 to 100%). The destinations of 2 to 5/s, which the API
+// lets through only one call an interval apart (a burst of 1), at least
+// 60%: measured 68 to 89%, those of 2 and 3/s short of the issue's 85%
+// (docs/known-limits.md).
 // enqueue status --keys shows each destination's learned rate, the small
 // destinations' below the large ones'; no task lost, archived, failed or
 // got through twice.
@@ -163,9 +161,9 @@ func TestAdaptiveKeyedQuota(t *testing.T) {
 	calls, busy := 0, 0
 	for _, s := range hiddenlimit.StatsByKey(res.Calls, keyedLimits, run, settle) {
 		t.Logf("%s: limit %d/s, %d calls, %d 429s, %.2f successes/s after %v (%.0f%%)", s.Key, s.Limit, s.Calls, s.Busy, s.Settled, settle, 100*s.SettledShare)
-		want := 0.4
-		if s.Limit >= 24 {
-			want = 0.7
+		want := 0.85
+		if s.Limit < 7 {
+			want = 0.6
 		}
 		if s.SettledShare < want {
 			t.Errorf("%s: %.2f successes/s after %v, %.0f%% of its hidden %d/s; want >= %.0f%%", s.Key, s.Settled, settle, 100*s.SettledShare, s.Limit, 100*want)
@@ -174,8 +172,8 @@ func TestAdaptiveKeyedQuota(t *testing.T) {
 		busy += s.Busy
 	}
 	t.Logf("%d calls, %d answered 429 (%.1f%%)", calls, busy, 100*float64(busy)/float64(calls))
-	if float64(busy) > 0.06*float64(calls) {
-		t.Errorf("%d of %d calls answered 429 (%.1f%%), want <= 6%%", busy, calls, 100*float64(busy)/float64(calls))
+	if float64(busy) > 0.03*float64(calls) {
+		t.Errorf("%d of %d calls answered 429 (%.1f%%), want <= 3%%", busy, calls, 100*float64(busy)/float64(calls))
 	}
 	r := runEnqueue(t, fleet.Redis, nil, "--config", filepath.Join(fleet.Dir, fleet.Queue+".yaml"), "status", "--keys", "quota:api-"+fleet.Queue, "--json")
 	var doc struct {

@@ -158,6 +158,7 @@ type gateStatus struct {
 
 type adaptiveStatus struct {
 	Rate    *float64 `json:"rate"` // events per period; null: none learned yet (the start is in force)
+	Per     string   `json:"per"`  // the period of Rate, the file's (a fraction is put in force over ten)
 	Min     int      `json:"min"`
 	Max     int      `json:"max"`
 	Learned string   `json:"learned_at,omitempty"` // when its limit was last changed
@@ -453,7 +454,7 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 		g := newGateStatus(name, cfg.Quotas[name], levels, gate.String())
 		live(&g, gate)
 		if a := cfg.Quotas[name].Adaptive; a != nil {
-			g.Adaptive = &adaptiveStatus{Min: a.Min, Max: a.Max}
+			g.Adaptive = &adaptiveStatus{Min: a.Min, Max: a.Max, Per: shortDuration(cfg.Quotas[name].RatePeriod())}
 			if lr, ok := learned[name]; ok {
 				rate := math.Round(lr.Rate*100) / 100
 				g.Adaptive.Rate, g.Adaptive.Learned = &rate, lr.Since.UTC().Format(time.RFC3339)
@@ -565,7 +566,7 @@ func (g gateStatus) describe() string {
 	if a := g.Adaptive; a != nil {
 		learned := "none learned yet"
 		if a.Rate != nil {
-			learned = fmt.Sprintf("learned %.2f/%s", *a.Rate, g.Period)
+			learned = fmt.Sprintf("learned %.2f/%s", *a.Rate, a.Per)
 		}
 		s += fmt.Sprintf(" (adaptive %d to %d: %s)", a.Min, a.Max, learned)
 	}
