@@ -418,11 +418,11 @@ local function bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y
   local ttl = string.format('%d', ceildiv(life + slack, 1000))
   if head then
     local last = string.format('%d', e)
-    redis.call('SET', key, head .. last .. mid .. last, 'PX', ttl)
+    redis.call('PSETEX', key, ttl, head .. last .. mid .. last)
   elseif s == 0 and now_text ~= '' and need_text ~= '' then -- ref is now, e is need
-    redis.call('SET', key, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text, 'PX', ttl)
+    redis.call('PSETEX', key, ttl, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text)
   else
-    redis.call('SET', key, string.format('%d 0 1 %d %d %d', ref, e, s, e), 'PX', ttl)
+    redis.call('PSETEX', key, ttl, string.format('%d 0 1 %d %d %d', ref, e, s, e))
   end
   return s, e
 end

@@ -10,9 +10,10 @@
 -- log_add records n events at the instant at_text (µs, as text) in the log
 -- at key. NX makes a member
 -- that exists already fail to add; the next seq is tried, so n events
--- always become n members.
-local function log_add(key, at_text, n)
-  local seq, added = redis.call('ZCARD', key), 0
+-- always become n members. size is the log's ZCARD if the caller knows
+-- it (nil: asked).
+local function log_add(key, at_text, n, size)
+  local seq, added = size or redis.call('ZCARD', key), 0
   while added < n do
     local args = {}
     for _ = 1, math.min(n - added, 100) do
@@ -241,7 +242,11 @@ local function sliding_log_allow(key, block_key, limit, period, n, now, start, m
   end
   local at_text = from_text
   if at ~= from then at_text = string.format('%d', at) end
-  log_add(key, at_text, n)
+  -- Booked now, count is every event of the log: none is after now, and
+  -- those before the window were trimmed.
+  local size = nil
+  if at == now then size = count end
+  log_add(key, at_text, n, size)
   if at ~= from then
     count = redis.call('ZCOUNT', key, string.format('(%d', at - period), at_text)
   else
