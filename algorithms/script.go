@@ -345,14 +345,15 @@ func (op *Op) notBefore() int64 {
 }
 
 // finish sets op's outcome from the script's reply: a head {ok, now, at}
-// and per claim one of three layouts, told apart by the reply's length:
-// book.lua's {remaining, retry_after, reset_after, pieces}; the buckets'
-// quick steps' (lua/bucket.lua's bucket_quick, lua/book_buckets.lua)
-// {remaining, reset_after, ref, from, to}, a booking's, its pieces "ref
-// from to" formatted here rather than by the server; and, for one claim
-// only, allow_window's, allow_counter's and allow_log's booking
-// {remaining, reset_after}, its pieces the instant booked. Read straight
-// into the Booking: this runs on every decision.
+// and per claim one of three layouts: book.lua's {remaining, retry_after,
+// reset_after, pieces}; the buckets' quick steps' (lua/bucket.lua's
+// bucket_quick, lua/book_buckets.lua) {remaining, reset_after, ref, from},
+// a booking's, its pieces "ref from to" formatted here, to = from + n in
+// the bucket's units, rather than by the server; and, for one claim only,
+// allow_window's, allow_counter's and allow_log's booking {remaining,
+// reset_after}, its pieces the instant booked. The first two have one
+// length and are told apart by the pieces' type (a string, an integer).
+// Read straight into the Booking: this runs on every decision.
 func (op *Op) finish(cmd *redis.Cmd) {
 	reply, err := cmd.Slice()
 	if err != nil {
@@ -364,8 +365,6 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	switch len(reply) {
 	case 3 + 4*k:
 		per = 4
-	case 3 + 5*k:
-		per = 5
 	case 5:
 		if k == 1 {
 			per = 2
@@ -382,22 +381,18 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	b := Booking{OK: head[0] >= 1, Kept: head[0] == 2, Reminded: head[0] == 3, Now: head[1], At: head[2], Claims: make([]Counted, k)}
 	for i := range b.Claims {
 		v, c := reply[3+per*i:3+per*(i+1)], &b.Claims[i]
-		var x [5]int64
-		switch per {
-		case 2:
+		var x [4]int64
+		if per == 2 {
 			op.Err = intsOf(v, x[:2])
 			c.Remaining, c.ResetAfter, c.Pieces = x[0], x[1], strconv.FormatInt(b.At, 10)
-		case 5:
-			op.Err = intsOf(v, x[:5])
-			c.Remaining, c.ResetAfter, c.Pieces = x[0], x[1], joinInts(x[2:5]...)
-		case 4:
+		} else if pieces, ok := v[3].(string); ok {
 			op.Err = intsOf(v[:3], x[:3])
-			c.Remaining, c.RetryAfter, c.ResetAfter = x[0], x[1], x[2]
-			pieces, ok := v[3].(string)
-			if !ok && op.Err == nil {
-				op.Err = fmt.Errorf("algorithms: book script replied %v for pieces, want a string", v[3])
-			}
-			c.Pieces = pieces
+			c.Remaining, c.RetryAfter, c.ResetAfter, c.Pieces = x[0], x[1], x[2], pieces
+		} else {
+			op.Err = intsOf(v, x[:4])
+			p := op.Claims[i].Params
+			need := op.Claims[i].N * (p.Period / gcd(p.Limit, p.Period))
+			c.Remaining, c.ResetAfter, c.Pieces = x[0], x[1], joinInts(x[2], x[3], x[3]+need)
 		}
 		if op.Err != nil {
 			return

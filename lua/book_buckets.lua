@@ -16,9 +16,9 @@
 --            (ARGV[8..12] left out from the first on that all are 0, or 1
 --            for limit/g)
 -- Output  -> book.lua's; a booking's claims without retry_after (0) and
---            with their pieces as three integers each, ref, from and to,
---            not one string: {1, now, at, then per claim remaining,
---            reset_after, ref, from, to}
+--            with their pieces as two integers each, ref and from, not
+--            the string "ref from to" (to is from + n, in units):
+--            {1, now, at, then per claim remaining, reset_after, ref, from}
 --
 -- Two claims in locals, not a table each: reading a table's fields cost
 -- more than the rest of the decision.
@@ -98,5 +98,5 @@ local reset1, reset2 = e1 - y1, e2 - y2
 if pm1 ~= 1 then reset1 = ceildiv(reset1, pm1) end
 if pm2 ~= 1 then reset2 = ceildiv(reset2, pm2) end
 return {1, now, at,
-  floordiv(w1 - z1, pe1), at - now + reset1, r1, from1, e1,
-  floordiv(w2 - z2, pe2), at - now + reset2, r2, from2, e2}
+  floordiv(w1 - z1, pe1), at - now + reset1, r1, from1,
+  floordiv(w2 - z2, pe2), at - now + reset2, r2, from2}

@@ -433,9 +433,10 @@ end
 -- span or where there is none: new_bucket's trim, earliest, record, room,
 -- reset_after and save for those. It returns nil, having written nothing,
 -- for any other state (new_bucket decides then). A booking's reply is {1,
--- now, at, remaining, reset_after, ref, from, to}: no retry_after (0), and
--- its pieces as three integers, "ref from to", which algorithms formats:
--- formatting numbers costs the server more than the rest of the decision.
+-- now, at, remaining, reset_after, ref, from}: no retry_after (0), and its
+-- pieces, "ref from to", as ref and from, which algorithms formats with to
+-- = from + need: formatting numbers costs the server more than the rest of
+-- the decision, and each value of a reply costs it too.
 local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack, now_text, need_text)
   local ref, s, e, count, head, mid, state = bucket_read(key, now, per_micro)
   if not ref then return nil end
@@ -470,5 +471,5 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   if taken < 0 then taken = 0 end
   local reset = e - y
   if per_micro ~= 1 then reset = ceildiv(reset, per_micro) end
-  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0, e}
+  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0}
 end
