@@ -65,8 +65,13 @@ type waitingOp struct {
 // op, if ctx ends while op waits for its round trip; like any call that
 // times out, op may still run.
 func (b *batcher) do(ctx context.Context, op *algorithms.Op) error {
+	if b.maxInFlight == 0 {
+		// Nothing is counted or queued: no lock for every caller to take.
+		algorithms.BookScript.Run(ctx, b.rdb, op)
+		return nil
+	}
 	b.mu.Lock()
-	if b.maxInFlight == 0 || b.inFlight < b.maxInFlight {
+	if b.inFlight < b.maxInFlight {
 		b.inFlight++
 		b.mu.Unlock()
 		algorithms.BookScript.Run(ctx, b.rdb, op)
