@@ -408,7 +408,7 @@ end
 -- none: the caller checks) and writes the state; it returns the new span's
 -- s and e. now_text and need_text are now and need as the call's text
 -- ('' if not): the state of an empty bucket booked at now is written from
--- them.
+-- them, now formatted here if the call did not send it.
 local function bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y, now, slack, now_text, need_text)
   if count == 0 then s, e = y, y end
   e = e + need
@@ -419,7 +419,8 @@ local function bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y
   if head then
     local last = string.format('%d', e)
     redis.call('PSETEX', key, ttl, head .. last .. mid .. last)
-  elseif s == 0 and now_text ~= '' and need_text ~= '' then -- ref is now, e is need
+  elseif s == 0 and need_text ~= '' then -- ref is now, e is need: one number to format at most
+    if now_text == '' then now_text = string.format('%d', ref) end
     redis.call('PSETEX', key, ttl, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text)
   else
     redis.call('PSETEX', key, ttl, string.format('%d 0 1 %d %d %d', ref, e, s, e))
@@ -471,5 +472,9 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   if taken < 0 then taken = 0 end
   local reset = e - y
   if per_micro ~= 1 then reset = ceildiv(reset, per_micro) end
-  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0}
+  -- floordiv(window - taken, per_event), inline as the steps above.
+  local free = window - taken
+  local r = free % per_event
+  if r < 0 then r = r + per_event elseif r >= per_event then r = r - per_event end
+  return {1, now, at, (free - r) / per_event, at - now + reset, ref, e0}
 end
