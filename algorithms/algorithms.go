@@ -393,12 +393,13 @@ func ints(s string) []int64 {
 }
 
 func joinInts(vs ...int64) string {
-	var b strings.Builder
+	var buf [64]byte // a quick booking's pieces fit: one allocation, the string's
+	b := buf[:0]
 	for i, v := range vs {
 		if i > 0 {
-			b.WriteByte(' ')
+			b = append(b, ' ')
 		}
-		b.WriteString(strconv.FormatInt(v, 10))
+		b = strconv.AppendInt(b, v, 10)
 	}
-	return b.String()
+	return string(b)
 }

@@ -34,6 +34,11 @@ type Script struct {
 	// one's), its library named after it; "" for a script that runs only
 	// as a script.
 	function, library string
+	// leanFunctions are the library's functions of the lean scripts, by
+	// algorithm name, and bookBuckets its two-bucket Book: named once, not
+	// on every call.
+	leanFunctions map[string]string
+	bookBuckets   string
 	// scriptsOnly holds the clients that run the script, not the function.
 	scriptsOnly sync.Map // redis.UniversalClient -> struct{}
 }
@@ -52,6 +57,11 @@ func newScript(source string, allow map[string]string, library func(name string)
 		sum := sha1.Sum([]byte(library("")))
 		s.function = "sluice_" + hex.EncodeToString(sum[:8])
 		s.library = library(s.function)
+		s.bookBuckets = s.function + "_book_buckets"
+		s.leanFunctions = map[string]string{
+			FixedWindow.Name: s.function + "_window", SlidingCounter.Name: s.function + "_counter", SlidingLog.Name: s.function + "_log",
+			TokenBucket.Name: s.function + "_bucket", LeakyBucket.Name: s.function + "_bucket",
+		}
 	}
 	return s
 }
@@ -334,87 +344,73 @@ func (op *Op) notBefore() int64 {
 	return op.NotBefore
 }
 
-// leanFunction is the function of op's lean script in the library.
-func (s *Script) leanFunction(op *Op) string {
-	switch op.Claims[0].Algorithm {
-	case FixedWindow:
-		return s.function + "_window"
-	case SlidingCounter:
-		return s.function + "_counter"
-	case SlidingLog:
-		return s.function + "_log"
-	}
-	return s.function + "_bucket"
-}
-
-// finish sets op's outcome from the script's reply.
+// finish sets op's outcome from the script's reply: a head {ok, now, at}
+// and per claim one of three layouts: book.lua's {remaining, retry_after,
+// reset_after, pieces}; the buckets' quick steps' (lua/bucket.lua's
+// bucket_quick, lua/book_buckets.lua) {remaining, reset_after, ref, from},
+// a booking's, its pieces "ref from to" formatted here, to = from + n in
+// the bucket's units, rather than by the server; and, for one claim only,
+// allow_window's, allow_counter's and allow_log's booking {remaining,
+// reset_after}, its pieces the instant booked. The first two have one
+// length and are told apart by the pieces' type (a string, an integer).
+// Read straight into the Booking: this runs on every decision.
 func (op *Op) finish(cmd *redis.Cmd) {
 	reply, err := cmd.Slice()
 	if err != nil {
 		op.Err = err
 		return
 	}
-	if len(reply) == 5 && len(op.Claims) == 1 {
-		// allow_window's, allow_counter's or allow_log's booking: no
-		// retry_after (0), and its pieces, the instant booked, formatted
-		// here.
-		at, ok := reply[2].(int64)
-		if !ok {
-			op.Err = fmt.Errorf("algorithms: allow script replied %v for the instant, want an integer", reply[2])
-			return
+	k := len(op.Claims)
+	per := 0 // values per claim
+	switch len(reply) {
+	case 3 + 4*k:
+		per = 4
+	case 5:
+		if k == 1 {
+			per = 2
 		}
-		reply = []any{reply[0], reply[1], reply[2], reply[3], int64(0), reply[4], strconv.FormatInt(at, 10)}
 	}
-	if k := len(op.Claims); len(reply) == 3+5*k {
-		// A booking of the buckets' quick steps (lua/bucket.lua's
-		// bucket_quick, lua/book_buckets.lua): no retry_after (0), and each
-		// claim's pieces, "ref from to", as three integers, formatted here
-		// rather than by the server.
-		out := append(make([]any, 0, 3+4*k), reply[:3]...)
-		for i := range k {
-			v := reply[3+5*i : 3+5*(i+1)]
-			var ends [3]int64
-			for j := range ends {
-				n, ok := v[2+j].(int64)
-				if !ok {
-					op.Err = fmt.Errorf("algorithms: book script replied %v for a piece, want an integer", v[2+j])
-					return
-				}
-				ends[j] = n
-			}
-			out = append(out, v[0], int64(0), v[1], joinInts(ends[:]...))
-		}
-		reply = out
-	}
-	if len(reply) != 3+4*len(op.Claims) {
-		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), len(op.Claims), 3+4*len(op.Claims))
+	if per == 0 {
+		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), k, 3+4*k)
 		return
 	}
-	ints := make([]int64, 0, 3+3*len(op.Claims))
-	var pieces []string
-	for i, v := range reply {
-		if i >= 3 && (i-3)%4 == 3 {
-			s, ok := v.(string)
-			if !ok {
-				op.Err = fmt.Errorf("algorithms: book script replied %v for pieces, want a string", v)
-				return
-			}
-			pieces = append(pieces, s)
-			continue
+	var head [3]int64
+	if op.Err = intsOf(reply[:3], head[:]); op.Err != nil {
+		return
+	}
+	b := Booking{OK: head[0] >= 1, Kept: head[0] == 2, Reminded: head[0] == 3, Now: head[1], At: head[2], Claims: make([]Counted, k)}
+	for i := range b.Claims {
+		v, c := reply[3+per*i:3+per*(i+1)], &b.Claims[i]
+		var x [4]int64
+		if per == 2 {
+			op.Err = intsOf(v, x[:2])
+			c.Remaining, c.ResetAfter, c.Pieces = x[0], x[1], strconv.FormatInt(b.At, 10)
+		} else if pieces, ok := v[3].(string); ok {
+			op.Err = intsOf(v[:3], x[:3])
+			c.Remaining, c.RetryAfter, c.ResetAfter, c.Pieces = x[0], x[1], x[2], pieces
+		} else {
+			op.Err = intsOf(v, x[:4])
+			p := op.Claims[i].Params
+			need := op.Claims[i].N * (p.Period / gcd(p.Limit, p.Period))
+			c.Remaining, c.ResetAfter, c.Pieces = x[0], x[1], joinInts(x[2], x[3], x[3]+need)
 		}
-		n, ok := v.(int64)
-		if !ok {
-			op.Err = fmt.Errorf("algorithms: book script replied %v, want an integer", v)
+		if op.Err != nil {
 			return
 		}
-		ints = append(ints, n)
-	}
-	b := Booking{OK: ints[0] >= 1, Kept: ints[0] == 2, Reminded: ints[0] == 3, Now: ints[1], At: ints[2], Claims: make([]Counted, len(op.Claims))}
-	for i := range b.Claims {
-		v := ints[3+3*i:]
-		b.Claims[i] = Counted{Remaining: v[0], RetryAfter: v[1], ResetAfter: v[2], Pieces: pieces[i]}
 	}
 	op.Result = b
+}
+
+// intsOf reads the integers of a script's reply vs into out.
+func intsOf(vs []any, out []int64) error {
+	for i, v := range vs {
+		n, ok := v.(int64)
+		if !ok {
+			return fmt.Errorf("algorithms: book script replied %v, want an integer", v)
+		}
+		out[i] = n
+	}
+	return nil
 }
 
 // Run runs ops on rdb and sets the outcome of each: one op as one call,
@@ -437,6 +433,8 @@ func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op)
 	var missing, noFunctions []*Op
 	for i, cmd := range cmds {
 		switch err := cmd.Err(); {
+		case err == nil:
+			ops[i].finish(cmd)
 		case redis.HasErrorPrefix(err, "Function not found"):
 			missing = append(missing, ops[i])
 		case refusesFunctions(err):
@@ -522,7 +520,7 @@ func (s *Script) runScripts(ctx context.Context, rdb redis.UniversalClient, ops 
 	cmds := send(ctx, rdb, ops, s.evalsha)
 	var uncached []*Op
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			uncached = append(uncached, ops[i])
 			continue
 		}
@@ -559,10 +557,10 @@ func send(ctx context.Context, rdb redis.UniversalClient, ops []*Op, call func(c
 
 func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
-		return command(ctx, "fcall", s.leanFunction(op), op.leanKeys(), op.leanArgs())
+		return command(ctx, "fcall", s.leanFunctions[op.Claims[0].Algorithm.Name], op.leanKeys(), op.leanArgs())
 	}
 	if s.allow != nil && op.bookBuckets() {
-		return command(ctx, "fcall", s.function+"_book_buckets", op.bookBucketsKeys(), op.bookBucketsArgs())
+		return command(ctx, "fcall", s.bookBuckets, op.bookBucketsKeys(), op.bookBucketsArgs())
 	}
 	return command(ctx, "fcall", s.function, op.keys(), op.args())
 }

@@ -59,7 +59,7 @@ local function save(k, count)
     out = out .. string.format(',%d,', k) .. ARGV[5]
   end
   local reset = (k + windows) * sub - now
-  redis.call('SET', key, out, 'PX', string.format('%d', ceildiv(reset + slack, 1000)))
+  redis.call('PSETEX', key, string.format('%d', ceildiv(reset + slack, 1000)), out)
   return reset
 end
 

@@ -64,9 +64,9 @@ if c > 0 and k ~= i then return slow() end -- two windows
 c = c + n
 local ttl = string.format('%d', ceildiv((k + 1) * period - now + slack, 1000))
 if head then
-  redis.call('SET', key, head .. string.format('%d', c), 'PX', ttl)
+  redis.call('PSETEX', key, ttl, head .. string.format('%d', c))
 else
-  redis.call('SET', key, string.format('0,%d,', k) .. ARGV[4], 'PX', ttl)
+  redis.call('PSETEX', key, ttl, string.format('0,%d,', k) .. ARGV[4])
 end
 local left = most + n - c
 if left < 0 then left = 0 end

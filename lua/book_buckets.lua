@@ -16,9 +16,9 @@
 --            (ARGV[8..12] left out from the first on that all are 0, or 1
 --            for limit/g)
 -- Output  -> book.lua's; a booking's claims without retry_after (0) and
---            with their pieces as three integers each, ref, from and to,
---            not one string: {1, now, at, then per claim remaining,
---            reset_after, ref, from, to}
+--            with their pieces as two integers each, ref and from, not
+--            the string "ref from to" (to is from + n, in units):
+--            {1, now, at, then per claim remaining, reset_after, ref, from}
 --
 -- Two claims in locals, not a table each: reading a table's fields cost
 -- more than the rest of the decision.
@@ -50,7 +50,8 @@ if start - now <= max_wait then
   if c1 == 1 then own1 = bucket_earliest(r1, s1, e1, c1, pm1, w1, n1, start) end
   if c2 == 1 then own2 = bucket_earliest(r2, s2, e2, c2, pm2, w2, n2, start) end
 end
-local at = math.max(own1, own2)
+local at = own1
+if own2 > at then at = own2 end
 -- Where both own turns are one instant, it is the turn (each claim's
 -- earliest from its own turn is that turn).
 local settled, pass = own1 == own2, 0
@@ -83,6 +84,19 @@ if c1 == 1 then from1 = e1 end
 if c2 == 1 then from2 = e2 end
 s1, e1 = bucket_write(KEYS[1], r1, s1, e1, c1, h1, m1, pm1, n1, y1, now, slack, ARGV[1], ARGV[4])
 s2, e2 = bucket_write(KEYS[2], r2, s2, e2, c2, h2, m2, pm2, n2, y2, now, slack, ARGV[1], ARGV[7])
+-- bucket_room and bucket_reset at at, inline (booked at the end of the
+-- one span: it starts at or before y and ends at e); in µs, no division,
+-- where limit/g is 1.
+local z1, z2 = y1 + w1, y2 + w2 -- the window's end, then what is taken in it
+if z1 > e1 then z1 = e1 end
+if z2 > e2 then z2 = e2 end
+if y1 > s1 then z1 = z1 - y1 else z1 = z1 - s1 end
+if y2 > s2 then z2 = z2 - y2 else z2 = z2 - s2 end
+if z1 < 0 then z1 = 0 end
+if z2 < 0 then z2 = 0 end
+local reset1, reset2 = e1 - y1, e2 - y2
+if pm1 ~= 1 then reset1 = ceildiv(reset1, pm1) end
+if pm2 ~= 1 then reset2 = ceildiv(reset2, pm2) end
 return {1, now, at,
-  bucket_room(r1, s1, e1, 1, pm1, pe1, w1, at), at - now + ceildiv(e1 - y1, pm1), r1, from1, e1,
-  bucket_room(r2, s2, e2, 1, pm2, pe2, w2, at), at - now + ceildiv(e2 - y2, pm2), r2, from2, e2}
+  floordiv(w1 - z1, pe1), at - now + reset1, r1, from1,
+  floordiv(w2 - z2, pe2), at - now + reset2, r2, from2}

@@ -408,7 +408,7 @@ end
 -- none: the caller checks) and writes the state; it returns the new span's
 -- s and e. now_text and need_text are now and need as the call's text
 -- ('' if not): the state of an empty bucket booked at now is written from
--- them.
+-- them, now formatted here if the call did not send it.
 local function bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y, now, slack, now_text, need_text)
   if count == 0 then s, e = y, y end
   e = e + need
@@ -418,11 +418,12 @@ local function bucket_write(key, ref, s, e, count, head, mid, per_micro, need, y
   local ttl = string.format('%d', ceildiv(life + slack, 1000))
   if head then
     local last = string.format('%d', e)
-    redis.call('SET', key, head .. last .. mid .. last, 'PX', ttl)
-  elseif s == 0 and now_text ~= '' and need_text ~= '' then -- ref is now, e is need
-    redis.call('SET', key, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text, 'PX', ttl)
+    redis.call('PSETEX', key, ttl, head .. last .. mid .. last)
+  elseif s == 0 and need_text ~= '' then -- ref is now, e is need: one number to format at most
+    if now_text == '' then now_text = string.format('%d', ref) end
+    redis.call('PSETEX', key, ttl, now_text .. ' 0 1 ' .. need_text .. ' 0 ' .. need_text)
   else
-    redis.call('SET', key, string.format('%d 0 1 %d %d %d', ref, e, s, e), 'PX', ttl)
+    redis.call('PSETEX', key, ttl, string.format('%d 0 1 %d %d %d', ref, e, s, e))
   end
   return s, e
 end
@@ -433,9 +434,10 @@ end
 -- span or where there is none: new_bucket's trim, earliest, record, room,
 -- reset_after and save for those. It returns nil, having written nothing,
 -- for any other state (new_bucket decides then). A booking's reply is {1,
--- now, at, remaining, reset_after, ref, from, to}: no retry_after (0), and
--- its pieces as three integers, "ref from to", which algorithms formats:
--- formatting numbers costs the server more than the rest of the decision.
+-- now, at, remaining, reset_after, ref, from}: no retry_after (0), and its
+-- pieces, "ref from to", as ref and from, which algorithms formats with to
+-- = from + need: formatting numbers costs the server more than the rest of
+-- the decision, and each value of a reply costs it too.
 local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack, now_text, need_text)
   local ref, s, e, count, head, mid, state = bucket_read(key, now, per_micro)
   if not ref then return nil end
@@ -470,5 +472,9 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   if taken < 0 then taken = 0 end
   local reset = e - y
   if per_micro ~= 1 then reset = ceildiv(reset, per_micro) end
-  return {1, now, at, floordiv(window - taken, per_event), at - now + reset, ref, e0, e}
+  -- floordiv(window - taken, per_event), inline as the steps above.
+  local free = window - taken
+  local r = free % per_event
+  if r < 0 then r = r + per_event elseif r >= per_event then r = r - per_event end
+  return {1, now, at, (free - r) / per_event, at - now + reset, ref, e0}
 end

@@ -2,6 +2,9 @@
 -- The scripts need Redis 6.0 or later (SET ... KEEPTTL; effects
 -- replication, the default since 5.0, lets them write after reading TIME).
 --
+-- The hot paths write a state with PSETEX, SET ... PX with one argument
+-- fewer for the server to read.
+--
 -- All times are integer microseconds. A Unix time in µs is below 2^53, so
 -- Lua's doubles hold it, and every product the scripts form, exactly.
 -- Redis formats a number passed to redis.call exactly (%.17g), but Lua's
@@ -14,18 +17,21 @@ local function int(x)
 end
 
 -- floordiv and ceildiv divide an integer by a positive integer exactly
--- (a may be negative): a / b is rounded, so the remainder is checked and the
--- quotient mended.
+-- (a may be negative). Lua 5.1's a % b is a - floor(a / b) * b, and a / b
+-- is rounded, so the remainder may be off by b: it is mended, and then
+-- a - r is a multiple of b whose quotient a division gives exactly. (No
+-- math.floor: a call of a C function costs more than the rest of this.)
 local function floordiv(a, b)
-  local q = math.floor(a / b)
-  local r = a - q * b
-  if r < 0 then return q - 1 end
-  if r >= b then return q + 1 end
-  return q
+  local r = a % b
+  if r < 0 then r = r + b elseif r >= b then r = r - b end
+  return (a - r) / b
 end
 
 local function ceildiv(a, b)
-  return -floordiv(-a, b)
+  local r = a % b
+  if r < 0 then r = r + b elseif r >= b then r = r - b end
+  if r == 0 then return a / b end
+  return (a - r) / b + 1
 end
 
 -- One assignment at a time: miniredis's Lua (gopher-lua) assigns a before
@@ -58,10 +64,12 @@ end
 
 -- ARGV[1] is the caller's clock when one was injected, '' otherwise: then
 -- Redis's own clock decides, so that no two workers disagree about time.
+-- (Lua reads a string in arithmetic as the number it holds, exactly:
+-- cheaper than tonumber, a call of a C function.)
 local function clock()
-  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end
+  if ARGV[1] ~= '' then return ARGV[1] + 0 end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return t[1] * 1000000 + t[2]
 end
 
 -- A key's recent throttles ("recent"): a ring "b c b c ..." of how many

@@ -10,9 +10,10 @@
 -- log_add records n events at the instant at_text (µs, as text) in the log
 -- at key. NX makes a member
 -- that exists already fail to add; the next seq is tried, so n events
--- always become n members.
-local function log_add(key, at_text, n)
-  local seq, added = redis.call('ZCARD', key), 0
+-- always become n members. size is the log's ZCARD if the caller knows
+-- it (nil: asked).
+local function log_add(key, at_text, n, size)
+  local seq, added = size or redis.call('ZCARD', key), 0
   while added < n do
     local args = {}
     for _ = 1, math.min(n - added, 100) do
@@ -192,6 +193,19 @@ local function new_sliding_log(key, block_key, p)
   return self
 end
 
+-- log_save sets the TTLs of sliding_log_allow's log and block: what the
+-- log holds lasts reset µs from now, a block until blocked (0: none).
+local function log_save(key, block_key, blocked, reset, now, slack)
+  local life = blocked - now
+  if reset > life then life = reset end
+  if life < 0 then life = 0 end
+  local ms = ceildiv(life + slack, 1000)
+  if ms < 1 then ms = 1 end
+  local ttl = string.format('%d', ms)
+  redis.call('PEXPIRE', key, ttl)
+  if blocked > 0 then redis.call('SET', block_key, int(blocked), 'PX', ttl) end
+end
+
 -- sliding_log_allow is allow_log.lua's decision (limit, period, n, now,
 -- start, max_wait, slack; now_text: now as the call's text, or '') for
 -- a log with no event after the instant booked: new_sliding_log's trim,
@@ -204,49 +218,67 @@ end
 -- pieces, the instant at, formatted by algorithms.
 local function sliding_log_allow(key, block_key, limit, period, n, now, start, max_wait, slack, now_text)
   local most = limit - n
-  local blocked = tonumber(redis.call('GET', block_key)) or 0
-  local from = math.max(start, blocked)
+  -- No math.max or tonumber here: each is a call of a C function, which
+  -- costs the server as much as a dozen steps of the decision.
+  local blocked = redis.call('GET', block_key)
+  blocked = blocked and blocked + 0 or 0
+  local from = start
+  if blocked > from then from = blocked end
   if now_text == '' then now_text = string.format('%d', now) end
-  local from_text, from_bound = now_text, nil -- from, and "(from - period"
+  local from_text = now_text
   if from ~= now then from_text = string.format('%d', from) end
   local trim = string.format('%d', now - period)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', trim)
-  local newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
-  if newest and newest > from then return nil end
-  if from == now then from_bound = '(' .. trim else from_bound = string.format('(%d', from - period) end
-  local function save(reset)
-    local ttl = string.format('%d', math.max(1, ceildiv(math.max(reset, blocked - now, 0) + slack, 1000)))
-    redis.call('PEXPIRE', key, ttl)
-    if blocked > 0 then redis.call('SET', block_key, int(blocked), 'PX', ttl) end
-  end
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]
   local reset_now = 0
-  if newest then reset_now = math.max(0, newest + period - now) end
+  if newest then
+    newest = newest + 0
+    if newest > from then return nil end
+    reset_now = newest + period - now
+    if reset_now < 0 then reset_now = 0 end
+  end
+  -- "(from - period": '-inf' where from is now, for the trim left no event
+  -- at or before now - period.
+  local from_bound = '-inf'
+  if from ~= now then from_bound = string.format('(%d', from - period) end
 
   local at, count = from, nil
   if from - now <= max_wait then
     -- Events in the window that ends at from: with none after it, the
-    -- window ending at from is the fullest of those that hold it.
-    count = redis.call('ZCOUNT', key, from_bound, from_text)
+    -- window ending at from is the fullest of those that hold it. From
+    -- now, that is every event left.
+    if from == now then
+      count = redis.call('ZCARD', key)
+    else
+      count = redis.call('ZCOUNT', key, from_bound, from_text)
+    end
     if count > most then
       local kth = redis.call('ZRANGEBYSCORE', key, from_bound, '+inf', 'WITHSCORES', 'LIMIT', count - most - 1, 1)
-      at = tonumber(kth[2]) + period
+      at = kth[2] + period
     end
   end
   if at - now > max_wait then
-    local left = 0
-    if from == now then left = math.max(0, limit - (count or redis.call('ZCOUNT', key, '(' .. trim, now_text))) end
-    local reply = {0, now, at, left, at - now, math.max(from - now, reset_now), ''}
-    save(reset_now)
+    local left = 0 -- from now, count was read: from - now is 0, within max_wait
+    if from == now and count < limit then left = limit - count end
+    local reset = from - now
+    if reset_now > reset then reset = reset_now end
+    local reply = {0, now, at, left, at - now, reset, ''}
+    log_save(key, block_key, blocked, reset_now, now, slack)
     return reply
   end
   local at_text = from_text
   if at ~= from then at_text = string.format('%d', at) end
-  log_add(key, at_text, n)
+  -- Booked now, count is every event of the log.
+  local size = nil
+  if at == now then size = count end
+  log_add(key, at_text, n, size)
   if at ~= from then
     count = redis.call('ZCOUNT', key, string.format('(%d', at - period), at_text)
   else
     count = count + n
   end
-  save(math.max(0, at + period - now))
-  return {1, now, at, math.max(0, limit - count), at - now + period}
+  log_save(key, block_key, blocked, at + period - now, now, slack)
+  local left = 0
+  if count < limit then left = limit - count end
+  return {1, now, at, left, at - now + period}
 end

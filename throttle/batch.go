@@ -26,8 +26,15 @@ type batcherKey struct {
 }
 
 func batcherFor(rdb redis.UniversalClient, maxInFlight int) *batcher {
-	b, _ := batchers.LoadOrStore(batcherKey{rdb, maxInFlight}, &batcher{rdb: rdb, maxInFlight: maxInFlight})
-	return b.(*batcher)
+	if b, ok := batchers.Load(batcherKey{rdb, maxInFlight}); ok {
+		return b.(*batcher)
+	}
+	b := &batcher{rdb: rdb, maxInFlight: maxInFlight}
+	if _, single := rdb.(*redis.Client); single {
+		b.server = &redisSite{calls: b, slot: -1}
+	}
+	stored, _ := batchers.LoadOrStore(batcherKey{rdb, maxInFlight}, b)
+	return stored.(*batcher)
 }
 
 // batcher runs the script calls of the Redis limiters on one client. At most maxInFlight round
@@ -40,6 +47,9 @@ func batcherFor(rdb redis.UniversalClient, maxInFlight int) *batcher {
 type batcher struct {
 	rdb         redis.UniversalClient
 	maxInFlight int // 0: every call goes out at once, alone
+	// server is the one site of a single server's claims (nil on a
+	// cluster, whose sites are its slots): made once, not on every call.
+	server *redisSite
 
 	mu       sync.Mutex
 	inFlight int
@@ -55,8 +65,13 @@ type waitingOp struct {
 // op, if ctx ends while op waits for its round trip; like any call that
 // times out, op may still run.
 func (b *batcher) do(ctx context.Context, op *algorithms.Op) error {
+	if b.maxInFlight == 0 {
+		// Nothing is counted or queued: no lock for every caller to take.
+		algorithms.BookScript.Run(ctx, b.rdb, op)
+		return nil
+	}
 	b.mu.Lock()
-	if b.maxInFlight == 0 || b.inFlight < b.maxInFlight {
+	if b.inFlight < b.maxInFlight {
 		b.inFlight++
 		b.mu.Unlock()
 		algorithms.BookScript.Run(ctx, b.rdb, op)

@@ -222,6 +222,9 @@ type group struct {
 }
 
 func groupsOf(parts []*part) []*group {
+	if len(parts) == 1 {
+		return []*group{{site: parts[0].lim.site(parts[0].key), parts: parts}}
+	}
 	var groups []*group
 	bySite := map[site]*group{}
 	for _, p := range parts {
@@ -416,6 +419,16 @@ func (b *booker) inTurn(ctx context.Context, groups []*group, stepOf func(*group
 // each runs the step stepOf gives each group (nil: none), all groups at
 // once. If a group fails, the turns the others hold are given back.
 func (b *booker) each(ctx context.Context, groups []*group, stepOf func(*group) *step) error {
+	if len(groups) == 1 { // the common case, without goroutines
+		g := groups[0]
+		if s := stepOf(g); s != nil && len(g.parts) > 0 {
+			if err := g.take(ctx, s); err != nil {
+				g.held = false
+				return err
+			}
+		}
+		return nil
+	}
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
 	for i, g := range groups {
@@ -423,24 +436,7 @@ func (b *booker) each(ctx context.Context, groups []*group, stepOf func(*group) 
 		if s == nil || len(g.parts) == 0 { // all let through by the allow policy
 			continue
 		}
-		run := func() {
-			if errs[i] = g.run(ctx, s); errs[i] != nil {
-				return
-			}
-			// What the group held was given back in the same step.
-			g.out, g.held = s.out, s.out.OK
-			if g.held {
-				g.at, g.pieces = s.out.At, g.pieces[:0]
-				for _, c := range s.out.Claims {
-					g.pieces = append(g.pieces, c.Pieces)
-				}
-			}
-		}
-		if len(groups) == 1 {
-			run()
-		} else {
-			wg.Go(run)
-		}
+		wg.Go(func() { errs[i] = g.take(ctx, s) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -451,6 +447,22 @@ func (b *booker) each(ctx context.Context, groups []*group, stepOf func(*group) 
 		}
 		b.cancel(ctx, groups)
 		return err
+	}
+	return nil
+}
+
+// take runs s on g and has g hold what it booked; what g held before was
+// given back in the same step.
+func (g *group) take(ctx context.Context, s *step) error {
+	if err := g.run(ctx, s); err != nil {
+		return err
+	}
+	g.out, g.held = s.out, s.out.OK
+	if g.held {
+		g.at, g.pieces = s.out.At, g.pieces[:0]
+		for _, c := range s.out.Claims {
+			g.pieces = append(g.pieces, c.Pieces)
+		}
 	}
 	return nil
 }

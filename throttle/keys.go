@@ -50,11 +50,14 @@ func hashTag(key string) string {
 	if key == "" {
 		return "%"
 	}
+	if len(key) <= maxTagLen && !strings.ContainsFunc(key, needsEscape) {
+		return key // most keys, as they are: no copy
+	}
 	const hexDigits = "0123456789ABCDEF"
 	var b strings.Builder
 	for i := 0; i < len(key); i++ {
 		c := key[i]
-		if c == '{' || c == '}' || c == '%' || c == '#' || c <= ' ' || c > '~' {
+		if needsEscape(rune(c)) {
 			b.WriteByte('%')
 			b.WriteByte(hexDigits[c>>4])
 			b.WriteByte(hexDigits[c&15])
@@ -67,4 +70,11 @@ func hashTag(key string) string {
 		}
 	}
 	return b.String()
+}
+
+// needsEscape tells whether a byte of a caller's key is escaped in its tag
+// (see redisKey): it could end or open a hash tag, is '%' or '#', or is not
+// printable ASCII. (ContainsFunc passes bytes past ASCII as runes above '~'.)
+func needsEscape(c rune) bool {
+	return c == '{' || c == '}' || c == '%' || c == '#' || c <= ' ' || c > '~'
 }

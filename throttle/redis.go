@@ -81,14 +81,13 @@ func New(rdb redis.UniversalClient, spec Spec, opts ...Option) (Reserver, error)
 }
 
 func (l *redisLimiter) site(key string) site {
-	s := redisSite{calls: l.calls, slot: -1}
+	if l.calls.server != nil {
+		return l.calls.server
+	}
 	if l.fair != nil {
 		key = l.fair.tag // every key value's claim is on the one state
 	}
-	if _, single := l.calls.rdb.(*redis.Client); !single {
-		s.slot = slotOf(hashTag(key))
-	}
-	return s
+	return redisSite{calls: l.calls, slot: slotOf(hashTag(key))}
 }
 
 func (l *redisLimiter) now() time.Time {
@@ -122,15 +121,18 @@ func (s redisSite) reaches(key string) bool {
 
 func (s redisSite) run(ctx context.Context, st *step) error {
 	first := st.parts[0].lim.(*redisLimiter)
-	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late, Remind: st.remind}
+	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late, Remind: st.remind,
+		Claims: make([]algorithms.OpClaim, 0, len(st.parts))}
 	if first.clock != nil {
 		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}
 	for i, p := range st.parts {
 		l := p.lim.(*redisLimiter)
 		state := redisKey(l.prefix, p.key)
-		c := algorithms.OpClaim{Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: p.n,
-			ID: p.id, KeptKey: keptKey(state, p.id)}
+		c := algorithms.OpClaim{Algorithm: l.spec.algorithm, Params: l.spec.params, Key: state, Aux: auxKey(state), N: p.n, ID: p.id}
+		if p.id != "" {
+			c.KeptKey = keptKey(state, p.id)
+		}
 		if l.recent {
 			c.RecentKey = recentKey(state)
 		}
@@ -140,7 +142,10 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		}
 		if l.fair != nil {
 			state = redisKey(l.prefix, l.fair.tag)
-			c.Key, c.Aux, c.KeptKey, c.Member = state, auxKey(state), keptKey(state, p.id), hashTag(p.key)
+			c.Key, c.Aux, c.Member = state, auxKey(state), hashTag(p.key)
+			if p.id != "" {
+				c.KeptKey = keptKey(state, p.id)
+			}
 			c.Params.Windows = int64(max(1, l.fair.weight(p.key)))
 		}
 		if st.giveBack != nil {
