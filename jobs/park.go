@@ -122,8 +122,11 @@ type backlog struct {
 	size    int          // how many tasks the next take reads
 	moved   []parkedTask // taken, to book in order
 	booked  int
-	drained bool // its head has no more tasks to take
-	done    bool
+	// sentBack: a fresh task of the queue was sent back to Redis (its gates
+	// are booked ahead): no probe.
+	sentBack bool
+	drained  bool // its head has no more tasks to take
+	done     bool
 }
 
 type parkedTask struct {
@@ -145,24 +148,32 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 	defer p.rdb.Del(context.WithoutCancel(ctx), claim)
 	renewed := p.clock.Now()
 	var backlogs []*backlog
-	join := func(gs *gateSet, queues []string) {
+	// A queue whose fresh task was sent back has its gates booked ahead:
+	// it is taken in bulk at once. Any other is probed with one task first.
+	join := func(gs *gateSet, queues []string, asked bool) {
 		for _, q := range queues {
-			if !slices.ContainsFunc(backlogs, func(b *backlog) bool { return b.queue == q && !b.done }) && gs.fair[q] == nil {
-				backlogs = append(backlogs, &backlog{queue: q, weight: max(1, gs.cfg.Queues[q].Priority), size: 1})
+			if slices.ContainsFunc(backlogs, func(b *backlog) bool { return b.queue == q && !b.done }) || gs.fair[q] != nil {
+				continue
 			}
+			b := &backlog{queue: q, weight: max(1, gs.cfg.Queues[q].Priority), size: 1}
+			if asked {
+				b.size, b.sentBack = parkBatch, true
+			}
+			backlogs = append(backlogs, b)
 		}
 	}
 	// Every queue with tasks pending joins from the start, not only those
 	// whose tasks were sent back: queues that share a quota book on it in
 	// turn from its first booking on.
-	p.takeAsked()
-	join(p.gates(), p.backlogged(ctx))
+	gs := p.gates()
+	join(gs, p.takeAsked(), true)
+	join(gs, p.backlogged(ctx), false)
 	looked := p.clock.Now()
 	for parked := 0; parked < parkMost; {
 		gs := p.gates()
-		join(gs, p.takeAsked())
+		join(gs, p.takeAsked(), true)
 		if now := p.clock.Now(); now.Sub(looked) > time.Second {
-			join(gs, p.backlogged(ctx)) // queues backlogged since
+			join(gs, p.backlogged(ctx), false) // queues backlogged since
 			looked = now
 		}
 		b := pickBacklog(backlogs)
@@ -171,9 +182,9 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		}
 		// Taken ahead of the bookings, so that the workers, finding the
 		// queue's head empty, do not take its tasks one by one meanwhile;
-		// but one task alone first, whose booking may find the gates have
-		// room (the queue is then the workers').
-		for !b.drained && len(b.moved) < parkAhead/2 && (b.booked > 0 || len(b.moved) == 0) {
+		// but one task alone first where none was sent back, whose booking
+		// may find the gates have room (the queue is then the workers').
+		for !b.drained && len(b.moved) < parkAhead && (b.booked > 0 || b.sentBack || len(b.moved) == 0) {
 			moved, err := p.take(ctx, gs, b)
 			if err != nil && ctx.Err() == nil {
 				p.log.Warn("cannot park a queue's backlog; its workers take the tasks one by one", "queue", b.queue, "err", err)
@@ -207,8 +218,10 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 }
 
 // parkAhead is how many tasks of a queue a parker takes ahead of its
-// bookings, at most: they must be booked within parkHold.
-const parkAhead = 2048
+// bookings, at most: the workers take one by one what it leaves pending
+// while it books (a task is about a millisecond's booking), and each of
+// them costs three script runs where a parked one costs one.
+const parkAhead = 1 << 16
 
 // backlogged lists the queues of the config in force with tasks pending.
 func (p *parker) backlogged(ctx context.Context) []string {
@@ -279,12 +292,22 @@ func (p *parker) take(ctx context.Context, gs *gateSet, b *backlog) ([]parkedTas
 		bytes += len(m.Val())
 	}
 	b.size = min(parkBatch, max(parkLeast, len(ids)*parkBytes/max(bytes, 1)))
-	args := []any{prefix + "t:", parkHold.Seconds(), parkedMark}
+	// asynq's own fallback for the n-th task taken ahead: a while after
+	// the parker should have booked it.
+	fallback := parkHold + time.Duration(len(b.moved))*parkPace
+	args := []any{prefix + "t:", fallback.Microseconds(), parkedMark, parkPace.Microseconds()}
 	var candidates []parkedTask
 	for i, id := range ids {
 		m, ok := decodeTaskMessage([]byte(msgs[i].Val()))
-		if !ok || !m.fresh() || len(gs.routeOf(b.queue, m.typ).gates) == 0 {
-			continue // back from waiting or failing, or no gate: for the workers
+		if !ok || !m.fresh() {
+			continue // back from waiting or failing: for the workers
+		}
+		r := gs.routeOf(b.queue, m.typ)
+		if len(r.gates) == 0 {
+			continue // no gate: for the workers
+		}
+		if !r.keyed {
+			m.payload = nil // not read to book it: not held while it waits
 		}
 		candidates = append(candidates, parkedTask{id, m})
 		args = append(args, id)
@@ -319,10 +342,14 @@ func (p *parker) note(ctx context.Context, queue, id string, spot parkSpot) {
 	}
 }
 
-// parkHold is how long a parked task rests in asynq's retry set before
-// its booking notes when it is due: asynq brings it back after it if the
-// parking worker died in between.
-const parkHold = 10 * time.Second
+// A task taken ahead rests in asynq's retry set until the parker has
+// booked it and noted when it is due; should the parker die first, asynq
+// brings it back itself, parkHold after it was taken and parkPace later for
+// each task taken ahead of it.
+const (
+	parkHold = 10 * time.Second
+	parkPace = 2 * time.Millisecond
+)
 
 // parkSpot is when a parked task is due back, in µs on the limiters'
 // clock (0: not parked), and whether its booking noted it in the wake set

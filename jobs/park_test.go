@@ -25,8 +25,8 @@ import (
 // TestBacklogLifeCost (issue 20: a waiting task costs at most 3 script runs
 // beyond plain asynq's own, over its whole life): 500 tasks queued up
 // front behind a quota of 25/s, drained by 2 schedulers as a worker runs
-// them (asynq on a client with EmptyPolls), limits and queues on one server
-// or one cluster. Counted on every client of the fleet from the start to
+// them (asynq on a client with EmptyPolls), limits and queues on one server,
+// or on one cluster with the quota keyed (every task on one key value). Counted on every client of the fleet from the start to
 // the last task: asynq's script runs and sluice's, per task, against plain
 // asynq's own for the same tasks with no gate. Each task queued behind the
 // quota's line was taken by a worker, refused and sent back to Redis (a
@@ -39,18 +39,22 @@ import (
 // Every task runs once, at the quota's rate, none failed or archived.
 func TestBacklogLifeCost(t *testing.T) {
 	t.Parallel()
-	for name, opt := range map[string]asynq.RedisConnOpt{
-		"redis":   asynq.RedisClientOpt{Addr: redistest.Addr(t)},
-		"cluster": asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)},
+	for _, tc := range []struct {
+		name string
+		opt  asynq.RedisConnOpt
+		key  string // the quota's key expression
+	}{
+		{"redis", asynq.RedisClientOpt{Addr: redistest.Addr(t)}, ""},
+		{"cluster, keyed", asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)}, "type"},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testBacklogLifeCost(t, opt)
+			testBacklogLifeCost(t, tc.opt, tc.key)
 		})
 	}
 }
 
-func testBacklogLifeCost(t *testing.T, opt asynq.RedisConnOpt) {
+func testBacklogLifeCost(t *testing.T, opt asynq.RedisConnOpt, key string) {
 	const (
 		n     = 500
 		rate  = 25
@@ -60,7 +64,7 @@ func testBacklogLifeCost(t *testing.T, opt asynq.RedisConnOpt) {
 	cfg := Config{
 		Worker: WorkerConfig{Concurrency: 10},
 		Queues: map[string]QueueConfig{queue: {}},
-		Quotas: map[string]LimitConfig{"api": {Algorithm: "token_bucket", Limit: rate, Period: time.Second, Burst: burst}},
+		Quotas: map[string]LimitConfig{"api": {Algorithm: "token_bucket", Limit: rate, Period: time.Second, Burst: burst, Key: key}},
 		Tasks:  map[string]TaskConfig{"test:record": {Quotas: []string{"api"}}},
 	}
 	enqueue := func(q string) {

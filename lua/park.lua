@@ -11,22 +11,25 @@
 -- KEYS[1] -> the queue's pending list (asynq takes its right end first)
 -- KEYS[2] -> the queue's retry sorted set
 -- ARGV[1] -> the queue's task key prefix (the task's hash is prefix .. id)
--- ARGV[2] -> in how many seconds asynq may bring a moved task back itself
+-- ARGV[2] -> in how many µs asynq may bring the first moved task back itself
 -- ARGV[3] -> bytes appended to each moved task's message: its last error,
 --            a wait's (a later field of a protobuf message wins)
--- ARGV[4...] -> task ids
+-- ARGV[4] -> µs later for each task after the first
+-- ARGV[5...] -> task ids
 -- Output -> per task: 1 moved, 0 no longer pending (a worker took it)
 
-local now = tonumber(redis.call('TIME')[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local first, pace = tonumber(ARGV[2]), tonumber(ARGV[4])
 local out = {}
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local id = ARGV[i]
   local key = ARGV[1] .. id
   local msg = redis.call('HGET', key, 'msg')
   local moved = 0
   -- From the right end, where asynq takes tasks and the batch was read.
   if msg and redis.call('LREM', KEYS[1], -1, id) == 1 then
-    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), id)
+    redis.call('ZADD', KEYS[2], math.floor((now + first + (i - 5) * pace) / 1000000), id)
     redis.call('HSET', key, 'state', 'retry', 'msg', msg .. ARGV[3])
     moved = 1
   end
