@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/throttle"
 )
 
 const (
@@ -63,7 +64,7 @@ func runBacklog(ctx context.Context, b *bench) error {
 	fmt.Fprintf(b.out, `
 ### backlog: what a waiting task costs
 
-demo:noop tasks queued up front behind a quota of %d/s (token_bucket, burst %d) on %d worker processes (the real binary, built for the run, default worker settings: concurrency 10, waiting 10, hold_max 1s, reserve_max 1m), the handler doing nothing (an upstream that never refuses). A task's life is two visits: the first from the workers' start until the backlog is out of asynq's pending list (parked in its line, or taken by a worker and sent back to Redis; a task that runs then has only that visit), the last near its turn (back from its line, it books its turn and runs). The first visits are measured from the workers' start until the pending list is empty, per task they took (the tasks done meanwhile counted at a last visit's cost); the last visits over %v once the workers have taken the backlog, at least %v after they start, or %v for a backlog deeper than the turns of worker.reserve_max (1,200), so that the window covers the tasks that rested in the backlog line: "window from" is that time, and delivered/s its tasks done. Commands and script runs (EVALSHA, EVAL, FCALL) are INFO commandstats deltas, per task, so they include everything the fleet does meanwhile (asynq's heartbeats and forwarder, sluice's waker and parker); worker CPU is the %d processes' user + system time (/proc) over the window. Keyed: the quota keyed by `+"`type`"+`, every task on that one key value. Plain asynq: %d servers in this process, no gates, draining 10,000 of the same tasks as fast as they can (%.2f script runs and %.1f commands per task over their life). BullMQ 6.7 on the same workload (limiter 20 per 1 s, 3 workers, 20,000 queued, 60 s) made %.1f commands per job, measured for issue 20 on this machine, not by this run.
+demo:noop tasks queued up front behind a quota of %d/s (token_bucket, burst %d) on %d worker processes (the real binary, built for the run, default worker settings: concurrency 10, waiting 10, hold_max 1s, reserve_max 1m), the handler doing nothing (an upstream that never refuses). A task's life is two visits: the first when the backlog is taken off asynq's pending list and booked (parked and booked by the parker, or taken by a worker and sent back to Redis; a task that runs then has only that visit), the last near its turn (back from Redis, it claims its turn and runs). The first visits are measured from the workers' start until the pending list is empty and every task waiting in Redis is noted in the wake set (booked), per task not done by then (the tasks done meanwhile counted at a last visit's cost); the last visits over %v from then, at least %v after the workers start, or %v for a backlog deeper than the turns of worker.reserve_max (1,200), so that the window covers the tasks that rested in the backlog line: "window from" is that time, and delivered/s its tasks done. Commands and script runs (EVALSHA, EVAL, FCALL) are INFO commandstats deltas, per task, so they include everything the fleet does meanwhile (asynq's heartbeats and forwarder, sluice's waker and parker); worker CPU is the %d processes' user + system time (/proc) over the window. Keyed: the quota keyed by `+"`type`"+`, every task on that one key value. Plain asynq: %d servers in this process, no gates, draining 10,000 of the same tasks as fast as they can (%.2f script runs and %.1f commands per task over their life). BullMQ 6.7 on the same workload (limiter 20 per 1 s, 3 workers, 20,000 queued, 60 s) made %.1f commands per job, measured for issue 20 on this machine, not by this run.
 
 The same %d workers on the same config with no task at all run %.1f script runs and %.0f commands a second (asynq polling an empty queue every 100 ms, its forwarder and heartbeats, sluice's waker and its watchers, the fleet's housekeeping), whatever the depth: at %d tasks a second that is %.2f script runs and %.1f commands per task, included in the last visits' figures.
 
@@ -197,25 +198,37 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 		workers = append(workers, w)
 	}
 	// The first visits: from the workers' start until the backlog is out
-	// of the pending list (parked in its line or taken).
+	// of the pending list and every task waiting in Redis is noted in the
+	// wake set, booked (parked and booked by the parker, or taken by a
+	// worker and sent back).
 	var taken commandCount
 	var doneTaken int
-	for deadline := start.Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := start.Add(10 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		pending, done, err := queueCounts(inspector, queue)
 		if err != nil {
 			return backlogRun{}, err
 		}
 		if pending == 0 && taken.byName == nil && depth > 0 {
-			if taken, err = commandsRun(ctx, b.rdb); err != nil {
+			info, err := inspector.GetQueueInfo(queue)
+			if err != nil {
 				return backlogRun{}, err
 			}
-			doneTaken = done
+			noted, err := b.rdb.ZCard(ctx, throttle.Key("sluice:wake:", queue)).Result()
+			if err != nil {
+				return backlogRun{}, err
+			}
+			if int64(info.Retry+info.Scheduled) <= noted {
+				if taken, err = commandsRun(ctx, b.rdb); err != nil {
+					return backlogRun{}, err
+				}
+				doneTaken = done
+			}
 		}
-		if pending == 0 && time.Since(start) >= settle {
+		if pending == 0 && (taken.byName != nil || depth == 0) && time.Since(start) >= settle {
 			break
 		}
 		if time.Now().After(deadline) {
-			return backlogRun{}, fmt.Errorf("%d tasks still pending after 5 minutes", pending)
+			return backlogRun{}, fmt.Errorf("%d tasks pending, the backlog not all booked after 10 minutes", pending)
 		}
 	}
 	r := backlogRun{taken: time.Since(start)}
