@@ -69,9 +69,10 @@ type parker struct {
 	fleetDeps
 	booker *booker
 
-	mu     sync.Mutex
-	asked  map[string]bool // queues to look at
-	signal chan struct{}
+	mu      sync.Mutex
+	asked   map[string]bool // queues to look at
+	booking time.Duration   // how long a booking takes, lately
+	signal  chan struct{}
 }
 
 func newParker(deps fleetDeps, b *booker) *parker {
@@ -198,13 +199,17 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		}
 		t := b.moved[0]
 		b.moved = b.moved[1:]
+		began := time.Now()
 		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m)
+		p.booked(time.Since(began))
 		p.note(ctx, b.queue, t.id, spot)
 		parked++
 		b.booked++
-		if !ok {
-			// The gates have room: the rest of what was taken is due back
-			// at once, and the workers take the queue's tasks.
+		if !ok && b.booked == 1 && !b.sentBack {
+			// The probe's turn had come: the gates have room, the rest of
+			// what was taken is due back at once, and the workers take the
+			// queue's tasks. (Later, a turn that has come is a gap in the
+			// gates' booked turns, given back for the next to book.)
 			for _, t := range b.moved {
 				p.note(ctx, b.queue, t.id, parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())})
 			}
@@ -294,8 +299,9 @@ func (p *parker) take(ctx context.Context, gs *gateSet, b *backlog) ([]parkedTas
 	b.size = min(parkBatch, max(parkLeast, len(ids)*parkBytes/max(bytes, 1)))
 	// asynq's own fallback for the n-th task taken ahead: a while after
 	// the parker should have booked it.
-	fallback := parkHold + time.Duration(len(b.moved))*parkPace
-	args := []any{prefix + "t:", fallback.Microseconds(), parkedMark, parkPace.Microseconds()}
+	pace := p.pace()
+	fallback := parkHold + time.Duration(len(b.moved))*pace
+	args := []any{prefix + "t:", fallback.Microseconds(), parkedMark, pace.Microseconds()}
 	var candidates []parkedTask
 	for i, id := range ids {
 		m, ok := decodeTaskMessage([]byte(msgs[i].Val()))
@@ -344,12 +350,29 @@ func (p *parker) note(ctx context.Context, queue, id string, spot parkSpot) {
 
 // A task taken ahead rests in asynq's retry set until the parker has
 // booked it and noted when it is due; should the parker die first, asynq
-// brings it back itself, parkHold after it was taken and parkPace later for
-// each task taken ahead of it.
+// brings it back itself, parkHold after it was taken and later for each
+// task taken ahead of it: three times as long as a booking has taken the
+// parker lately (at least parkPace), so that asynq does not bring back a
+// task the parker is about to book.
 const (
 	parkHold = 10 * time.Second
 	parkPace = 2 * time.Millisecond
 )
+
+// pace is how much later than the task before it asynq may bring back a
+// task taken ahead.
+func (p *parker) pace() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return max(parkPace, 3*p.booking)
+}
+
+// booked notes that a booking took d (a moving average of the last few).
+func (p *parker) booked(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.booking += (d - p.booking) / 16
+}
 
 // parkSpot is when a parked task is due back, in µs on the limiters'
 // clock (0: not parked), and whether its booking noted it in the wake set
