@@ -226,7 +226,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 // bookings, at most: the workers take one by one what it leaves pending
 // while it books (a task is about a millisecond's booking), and each of
 // them costs three script runs where a parked one costs one.
-const parkAhead = 1 << 16
+const parkAhead = 1 << 17
 
 // backlogged lists the queues of the config in force with tasks pending.
 func (p *parker) backlogged(ctx context.Context) []string {
