@@ -59,7 +59,9 @@ http: {allow: ['%s']}
 				t.Errorf("drained at %.3f/s, want 20/s within 2%%", rate)
 			}
 			if most > 21 {
-				t.Errorf("%d requests within one second, want at most 21", most)
+				_, from := testkit.DensestWindow(arrivals, time.Second)
+				t.Errorf("%d requests within one second, want at most 21; from %v after the first, the gaps between them and the next, ms: %v",
+					most, arrivals[from].Sub(arrivals[0]).Round(time.Millisecond), testkit.Gaps(arrivals, from, most+2))
 			}
 			// A task books once; one that waited in Redis asks once more, for
 			// the turn kept under its ID.

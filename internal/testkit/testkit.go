@@ -90,14 +90,34 @@ func WaitFor(tb testing.TB, d time.Duration, what string, done func() bool) {
 // MaxInWindow is the most of the sorted times that fall in any window of
 // length d.
 func MaxInWindow(times []time.Time, d time.Duration) int {
-	most, first := 0, 0
+	most, _ := DensestWindow(times, d)
+	return most
+}
+
+// DensestWindow is MaxInWindow's count and the index of the first of the
+// times in the window that holds it.
+func DensestWindow(times []time.Time, d time.Duration) (most, from int) {
+	first := 0
 	for last := range times {
 		for times[last].Sub(times[first]) >= d {
 			first++
 		}
-		most = max(most, last-first+1)
+		if last-first+1 > most {
+			most, from = last-first+1, first
+		}
 	}
-	return most
+	return most, from
+}
+
+// Gaps lists the gaps between consecutive times from index from, count of
+// them, in whole milliseconds: what a test shows when a window holds too
+// many (jitter bunches arrivals; two turns alike show as a gap of 0).
+func Gaps(times []time.Time, from, count int) []int64 {
+	var gaps []int64
+	for i := from + 1; i < min(len(times), from+count); i++ {
+		gaps = append(gaps, times[i].Sub(times[i-1]).Milliseconds())
+	}
+	return gaps
 }
 
 // Timeline notes when things happened, by key (a task, a request path);
