@@ -128,6 +128,29 @@ type backlog struct {
 	sentBack bool
 	drained  bool // its head has no more tasks to take
 	done     bool
+	// quotas: those the tasks it took draw on (by gate name), which it
+	// may share with other queues' backlogs.
+	quotas map[string]bool
+}
+
+// sharesWithBulk reports whether backlog b may share a quota with another
+// backlog the parker books in bulk (one whose tasks were sent back, or
+// past its probe): one that has taken nothing yet may.
+func sharesWithBulk(backlogs []*backlog, b *backlog) bool {
+	for _, o := range backlogs {
+		if o == b || o.done || !o.sentBack && o.booked < 2 {
+			continue
+		}
+		if len(o.quotas) == 0 {
+			return true
+		}
+		for q := range b.quotas {
+			if o.quotas[q] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 type parkedTask struct {
@@ -199,8 +222,15 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		}
 		t := b.moved[0]
 		b.moved = b.moved[1:]
+		// A probe whose turn has come keeps it, and its queue stays in the
+		// round robin, where another queue's backlog booked in bulk may
+		// share a quota with it: handed to the workers, who book a task as
+		// they take it, it would get only the turns of the quota the
+		// parker had not booked ahead for the other (a queue's share would
+		// follow who books first, not its priority).
+		keep := b.booked == 0 && !b.sentBack && sharesWithBulk(backlogs, b)
 		began := time.Now()
-		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m)
+		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m, keep)
 		p.booked(time.Since(began))
 		p.note(ctx, b.queue, t.id, spot)
 		parked++
@@ -329,6 +359,12 @@ func (p *parker) take(ctx context.Context, gs *gateSet, b *backlog) ([]parkedTas
 	for i, t := range candidates {
 		if i < len(moved) && moved[i] == 1 {
 			taken = append(taken, t)
+			if b.quotas == nil {
+				b.quotas = map[string]bool{}
+			}
+			for _, g := range gs.routeOf(b.queue, t.m.typ).quotas {
+				b.quotas[g.name] = true
+			}
 		} // else a worker took it
 	}
 	p.booker.metrics.throttled.WithLabelValues(b.queue, "parked").Add(float64(len(taken)))
@@ -384,8 +420,10 @@ type parkSpot struct {
 
 // book books task id of queue (message m) as a worker would, with no room
 // to hold it, and returns when it is due back. ok is false if its turn has
-// come: it is given back, and the task is due back at once.
-func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage) (parkSpot, bool) {
+// come: it is given back, and the task is due back at once; unless keep,
+// then the task is due back at once holding its turn (a worker that takes
+// it claims the turn kept under its booking ID), and ok is true.
+func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage, keep bool) (parkSpot, bool) {
 	t := asynq.NewTaskWithHeaders(m.typ, m.payload, m.headers)
 	task := taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t), fresh: true, parked: true}
 	now := p.booker.lines.limitersNow(p.clock.Now())
@@ -401,6 +439,9 @@ func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m task
 	case askAgainIn:
 		return parkSpot{due: now + o.d.Microseconds()}, true
 	case runNow:
+		if keep {
+			return parkSpot{due: now}, true
+		}
 		p.booker.giveBack(ctx, o.turns)
 	}
 	return parkSpot{due: now}, false

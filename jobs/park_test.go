@@ -376,3 +376,54 @@ func TestParkFindsRoom(t *testing.T) {
 		t.Errorf("booking after the parker gave the turn back: %+v, %v; want the drain's turn now", bk, err)
 	}
 }
+
+// TestParkSharesAQuota: two queues share a quota of 10/s (burst 1), each
+// with 10 tasks; one has had a task sent back, the other has not, and its
+// probe finds the quota with room. It keeps that turn and stays in the
+// parker's round robin: the queues' tasks book the quota's turns in turn
+// (their shares by priority, as a plan has them), rather than the probed
+// queue's tasks being left to the workers while the other's backlog books
+// the quota's turns ahead.
+func TestParkSharesAQuota(t *testing.T) {
+	t.Parallel()
+	probed, sent := redistest.Queue(t, "probed"), redistest.Queue(t, "sent")
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{probed: {}, sent: {}},
+		Quotas: map[string]LimitConfig{"api": {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{"api"}}},
+	})
+	ctx := context.Background()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for _, q := range []string{probed, sent} {
+		for i := range 10 {
+			if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprint(q, "-", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.parker.ask(sent)
+	s.parker.parkBacklogs(ctx)
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]time.Duration{}
+	for _, q := range []string{probed, sent} {
+		due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(q)[0], 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(due) != 10 {
+			t.Fatalf("%d tasks of %s noted in its wake set, want its 10 parked", len(due), q)
+		}
+		last[q] = time.Duration(int64(due[len(due)-1].Score)-now.UnixMicro()) * time.Microsecond
+	}
+	// 20 turns 100 ms apart, taken in turn: each queue's last is due
+	// between 1.6 and 2 s from now (less requeueLead).
+	for q, d := range last {
+		if d < 1500*time.Millisecond-requeueLead || d > 2*time.Second {
+			t.Errorf("the last task of %s is due back in %v; want 1.6 to 2 s (the queues' turns taken in turn): %v", q, d, last)
+		}
+	}
+}

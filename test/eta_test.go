@@ -238,6 +238,13 @@ func TestPlanSharedQuota(t *testing.T) {
 		}
 		own := r.u.Under(q)
 		last := own[len(own)-1]
+		widest := 0
+		for j := 1; j < len(own); j++ {
+			if own[j].Sub(own[j-1]) > own[widest+1].Sub(own[widest]) {
+				widest = j - 1
+			}
+		}
+		t.Logf("%s: its widest gap %v, after its task %d, %v from the start", q, own[widest+1].Sub(own[widest]).Round(time.Millisecond), widest+1, own[widest].Sub(start).Round(time.Millisecond))
 		took, predicted := last.Sub(start).Seconds(), plan.queue(t, q).Seconds
 		left, predictedLeft := last.Sub(midRun.Now).Seconds(), midRun.queue(t, q).Empty.Sub(midRun.Now).Seconds()
 		t.Logf("%s (%d tasks): empty after %.3f s predicted, %.3f s measured; 4 s in, %.3f s more predicted, %.3f s measured",
