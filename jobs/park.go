@@ -131,26 +131,47 @@ type backlog struct {
 	// quotas: those the tasks it took draw on (by gate name), which it
 	// may share with other queues' backlogs.
 	quotas map[string]bool
+	// ahead: a task of it booked a turn ahead (its gates are booked
+	// ahead); handed: its probe's turn had come, and it was left to the
+	// workers.
+	ahead, handed bool
 }
 
-// sharesWithBulk reports whether backlog b may share a quota with another
-// backlog the parker books in bulk (one whose tasks were sent back, or
-// past its probe): one that has taken nothing yet may.
-func sharesWithBulk(backlogs []*backlog, b *backlog) bool {
-	for _, o := range backlogs {
-		if o == b || o.done || !o.sentBack && o.booked < 2 {
-			continue
-		}
-		if len(o.quotas) == 0 {
+// mayShare reports whether backlogs a and b may share a quota: one that
+// has taken nothing yet may.
+func mayShare(a, b *backlog) bool {
+	if len(a.quotas) == 0 || len(b.quotas) == 0 {
+		return true
+	}
+	for q := range a.quotas {
+		if b.quotas[q] {
 			return true
-		}
-		for q := range b.quotas {
-			if o.quotas[q] {
-				return true
-			}
 		}
 	}
 	return false
+}
+
+// sharesWithBulk reports whether backlog b may share a quota with another
+// backlog the parker books in bulk (one whose tasks were sent back, past
+// its probe, or whose probe found its gates booked ahead).
+func sharesWithBulk(backlogs []*backlog, b *backlog) bool {
+	return slices.ContainsFunc(backlogs, func(o *backlog) bool {
+		return o != b && !o.done && (o.sentBack || o.booked >= 2 || o.ahead) && mayShare(o, b)
+	})
+}
+
+// handedSharing takes back the queues left to the workers that may share
+// a quota with b, whose gates were just found booked ahead: the workers
+// would get only the turns the parker does not book ahead for b.
+func handedSharing(backlogs []*backlog, b *backlog) []string {
+	var queues []string
+	for _, o := range backlogs {
+		if o.handed && mayShare(o, b) {
+			o.handed = false
+			queues = append(queues, o.queue)
+		}
+	}
+	return queues
 }
 
 type parkedTask struct {
@@ -235,6 +256,10 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		p.note(ctx, b.queue, t.id, spot)
 		parked++
 		b.booked++
+		if spot.ahead && !b.ahead {
+			b.ahead = true
+			join(gs, handedSharing(backlogs, b), true)
+		}
 		if !ok && b.booked == 1 && !b.sentBack {
 			// The probe's turn had come: the gates have room, the rest of
 			// what was taken is due back at once, and the workers take the
@@ -243,7 +268,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			for _, t := range b.moved {
 				p.note(ctx, b.queue, t.id, parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())})
 			}
-			b.moved, b.done = nil, true
+			b.moved, b.done, b.handed = nil, true, true
 		}
 		if now := p.clock.Now(); now.Sub(renewed) > parkLease/3 {
 			p.rdb.PExpire(ctx, claim, parkLease)
@@ -411,11 +436,12 @@ func (p *parker) booked(d time.Duration) {
 }
 
 // parkSpot is when a parked task is due back, in µs on the limiters'
-// clock (0: not parked), and whether its booking noted it in the wake set
-// already.
+// clock (0: not parked), whether its booking noted it in the wake set
+// already, and whether its turn lies ahead (its gates are booked ahead).
 type parkSpot struct {
 	due   int64
 	noted bool
+	ahead bool
 }
 
 // book books task id of queue (message m) as a worker would, with no room
@@ -433,11 +459,11 @@ func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m task
 	}
 	switch o := o.(type) {
 	case turnAhead:
-		return parkSpot{due: o.at.Add(-requeueLead).UnixMicro()}, true
+		return parkSpot{due: o.at.Add(-requeueLead).UnixMicro(), ahead: true}, true
 	case notedIn:
-		return parkSpot{due: now + o.d.Microseconds(), noted: true}, true
+		return parkSpot{due: now + o.d.Microseconds(), noted: true, ahead: true}, true
 	case askAgainIn:
-		return parkSpot{due: now + o.d.Microseconds()}, true
+		return parkSpot{due: now + o.d.Microseconds(), ahead: true}, true
 	case runNow:
 		if keep {
 			return parkSpot{due: now}, true

@@ -387,10 +387,11 @@ func TestParkFindsRoom(t *testing.T) {
 func TestParkSharesAQuota(t *testing.T) {
 	t.Parallel()
 	probed, sent := redistest.Queue(t, "probed"), redistest.Queue(t, "sent")
+	api := redistest.Queue(t, "api") // a quota of its own: tests run side by side
 	s := newTestScheduler(t, Config{
 		Queues: map[string]QueueConfig{probed: {}, sent: {}},
-		Quotas: map[string]LimitConfig{"api": {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
-		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{"api"}}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
 	})
 	ctx := context.Background()
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
@@ -424,6 +425,46 @@ func TestParkSharesAQuota(t *testing.T) {
 	for q, d := range last {
 		if d < 1500*time.Millisecond-requeueLead || d > 2*time.Second {
 			t.Errorf("the last task of %s is due back in %v; want 1.6 to 2 s (the queues' turns taken in turn): %v", q, d, last)
+		}
+	}
+}
+
+// TestParkTakesBackAQueue: two queues share a quota with room; neither
+// has had a task sent back, and one's drain is booked a second ahead.
+// Whichever the parker probes first, the other queue is parked too: its
+// probe keeps its turn where the first found its gates booked ahead, or,
+// left to the workers first, it is taken back when the other's probe finds
+// them booked ahead (the parker books that one's tasks ahead on the shared
+// quota, and the workers would get only the turns it left).
+func TestParkTakesBackAQueue(t *testing.T) {
+	t.Parallel()
+	free, ahead := redistest.Queue(t, "free"), redistest.Queue(t, "ahead")
+	api := redistest.Queue(t, "api") // a quota of its own: tests run side by side
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{free: {}, ahead: {Drain: &LimitConfig{Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
+	})
+	ctx := context.Background()
+	drain := s.gates.Load().routeOf(ahead, "test:api").claims[0]
+	for i := range 10 {
+		if _, err := throttle.Book(ctx, []throttle.Claim{{Limiter: drain.lim, Key: drain.key, N: 1, ID: fmt.Sprint("ahead-", i)}}, time.Time{}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for _, q := range []string{free, ahead} {
+		for i := range 10 {
+			if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprint(q, "-", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s.parker.parkBacklogs(ctx)
+	for _, q := range []string{free, ahead} {
+		if n, err := s.rdb.ZCard(ctx, wakeKeys(q)[0]).Result(); err != nil || n != 10 {
+			t.Errorf("%d tasks of %s noted in its wake set (%v), want its 10 parked", n, q, err)
 		}
 	}
 }
