@@ -71,6 +71,10 @@ type LearnedRate struct {
 	// Since is when Limit was set, on Redis's clock: the generation of the
 	// limit's state (LimitConfig.stateVersion), the same in every worker.
 	Since time.Time
+	// Searching: the controller has met no limit of the upstream yet (no
+	// "slow down", no stated limit): it raises the rate by itself while
+	// its calls succeed.
+	Searching bool
 	// changed: this report changed the rate (a worker's own report).
 	changed bool
 }

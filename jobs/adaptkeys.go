@@ -68,6 +68,9 @@ type keyRate struct {
 	// wanted: a task claimed a turn on the value since the last report, so
 	// its rate is read again even if no call was answered.
 	wanted atomic.Bool
+	// unread: a report passed the value by (no task of it here lately),
+	// so its rate as last read may be stale: the next task reads it again.
+	unread atomic.Bool
 	used   atomic.Int64                // unix µs of the last task, this worker's clock
 	rate   atomic.Pointer[LearnedRate] // nil: none read yet
 }
@@ -112,7 +115,11 @@ func (a *adaptiveRates) keyRateOf(quota, stored string) (kr *keyRate, fresh bool
 // learnedKey is the learned rate of key value stored of quota name
 // for a task that claims a turn on it: as last read, or, the first time
 // this worker meets the value, read from Redis now (once per value: a
-// worker started later books by the fleet's rate from its first task).
+// worker started later books by the fleet's rate from its first task),
+// and so too after the reports passed the value by (unread): a turn booked
+// at a limit the fleet has left is one its current state does not count,
+// and at a destination allowing one call an interval apart it comes right
+// next to one of the fleet's (a 429, and a cut).
 // Not ok: none learned yet, or the value is past maxAdaptiveKeys.
 func (a *adaptiveRates) learnedKey(name, stored string) (LearnedRate, bool) {
 	kr, fresh := a.keyRateOf(name, stored)
@@ -120,10 +127,10 @@ func (a *adaptiveRates) learnedKey(name, stored string) (LearnedRate, bool) {
 		return LearnedRate{}, false
 	}
 	kr.wanted.Store(true)
-	if fresh {
+	if kr.unread.Swap(false) || fresh {
 		ctx, cancel := context.WithTimeout(context.Background(), adaptKeyFirstRead)
 		if lr, ok, err := readLearned(ctx, a.rdb, adaptKeyKey(name, stored)); err == nil && ok {
-			kr.rate.CompareAndSwap(nil, &lr)
+			kr.rate.Store(&lr)
 		}
 		cancel()
 	}
@@ -175,6 +182,7 @@ func (a *adaptiveRates) reportKeys(ctx context.Context, name string, l LimitConf
 				continue
 			}
 			if used < heldSince || !learned.holds(stored) {
+				kr.unread.Store(true)
 				continue
 			}
 		}
@@ -238,7 +246,7 @@ func (a *adaptiveRates) reportKeys(ctx context.Context, name string, l LimitConf
 
 // readLearned reads a learned rate kept at key; not ok if none is.
 func readLearned(ctx context.Context, rdb redis.UniversalClient, key string) (LearnedRate, bool, error) {
-	v, err := rdb.HMGet(ctx, key, "r", "l", "g").Result()
+	v, err := rdb.HMGet(ctx, key, learnedFields...).Result()
 	if err != nil {
 		return LearnedRate{}, false, err
 	}
@@ -246,22 +254,28 @@ func readLearned(ctx context.Context, rdb redis.UniversalClient, key string) (Le
 	return lr, ok, nil
 }
 
-// learnedFrom reads HMGET r l g of a controller's state; not ok if it
-// keeps no rate.
+// learnedFields are the fields of a controller's state (adapt.lua) a
+// learned rate is read from: rate, limit in force, its time, ceiling.
+var learnedFields = []string{"r", "l", "g", "c"}
+
+// learnedFrom reads HMGET learnedFields of a controller's state; not ok
+// if it keeps no rate.
 func learnedFrom(v []any) (LearnedRate, bool) {
-	if len(v) != 3 {
+	if len(v) != len(learnedFields) {
 		return LearnedRate{}, false
 	}
 	r, _ := v[0].(string)
 	l, _ := v[1].(string)
 	g, _ := v[2].(string)
+	c, _ := v[3].(string)
 	rate, err1 := strconv.ParseFloat(r, 64)
 	limit, err2 := strconv.ParseFloat(l, 64)
 	since, err3 := strconv.ParseInt(g, 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil {
 		return LearnedRate{}, false
 	}
-	return LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since)}, true
+	ceiling, _ := strconv.ParseFloat(c, 64) // 0 if none
+	return LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since), Searching: ceiling <= 0}, true
 }
 
 // LearnedKeyRates reads the learned rates of up to max key values of
@@ -284,7 +298,7 @@ func LearnedKeyRates(ctx context.Context, rdb redis.UniversalClient, cfg Config,
 	cmds := make([]*redis.SliceCmd, len(stored))
 	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, v := range stored {
-			cmds[i] = p.HMGet(ctx, adaptKeyKey(quota, v), "r", "l", "g")
+			cmds[i] = p.HMGet(ctx, adaptKeyKey(quota, v), learnedFields...)
 		}
 		return nil
 	})
@@ -309,9 +323,9 @@ type learnedGates struct {
 	quota  string
 	limit  LimitConfig // the quota's
 	pinned bool        // a runtime limit sets the quota's own limit: no value's rate is learned
-	// build builds the gate of key value stored at limit in generation,
-	// the successor of was (nil: of the quota's gate).
-	build func(stored string, limit float64, generation int64, was *gate) (*gate, error)
+	// build builds the gate of key value stored at learned rate lr in
+	// generation, the successor of was (nil: of the quota's gate).
+	build func(stored string, lr LearnedRate, generation int64, was *gate) (*gate, error)
 	built sync.Map // stored key value -> *gate
 }
 
@@ -340,7 +354,7 @@ func (lg *learnedGates) at(stored string, lr LearnedRate) *gate {
 			return was
 		}
 	}
-	g, err := lg.build(stored, limit, generation, was)
+	g, err := lg.build(stored, lr, generation, was)
 	if err != nil {
 		return nil // Validate checked the spec at adaptive.min and .max: a bug; the quota's own limit holds
 	}
@@ -426,14 +440,15 @@ func adaptArgs(now string, l LimitConfig, t tallied, ttl time.Duration) []any {
 // parseAdapt reads adapt.lua's reply: the learned rate, and the cause of
 // a change ("" if none).
 func parseAdapt(reply []string) (LearnedRate, string, bool) {
-	if len(reply) != 6 {
+	if len(reply) != 7 {
 		return LearnedRate{}, "", false
 	}
 	rate, err1 := strconv.ParseFloat(reply[0], 64)
 	limit, err2 := strconv.ParseFloat(reply[4], 64)
 	since, err3 := strconv.ParseInt(reply[5], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil {
+	ceiling, err4 := strconv.ParseFloat(reply[6], 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 		return LearnedRate{}, "", false
 	}
-	return LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since), changed: reply[2] != ""}, reply[2], true
+	return LearnedRate{Rate: rate, Limit: limit, Since: time.UnixMicro(since), Searching: ceiling <= 0, changed: reply[2] != ""}, reply[2], true
 }

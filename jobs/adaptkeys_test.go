@@ -137,3 +137,67 @@ func TestAdaptiveKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestAdaptiveKeyLines: a key value's backlog line of a keyed adaptive
+// quota is fed at adaptiveLineFeed times the value's learned rate once its
+// controller has met the upstream's limit (a 429), at adaptive.max before
+// (no learned rate yet, or one still growing by itself): a backlog over
+// many values would otherwise send max - rate tasks a second round for
+// each. And a worker that has not used a value for a while (its reports
+// passed the value by) reads its rate again at its next task, rather than
+// book on the limit it last read, which the fleet may have left.
+func TestAdaptiveKeyLines(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	queue := redistest.Queue(t, "adaptlines")
+	quota := "dest-" + queue
+	file := Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{quota: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1,
+			Key: "payload.dest", Adaptive: &AdaptiveConfig{Min: 1, Max: 100}}},
+		Tasks: map[string]TaskConfig{"t": {Quotas: []string{quota}}},
+	}
+	s, other := newScheduler(t, rdb, file), newScheduler(t, rdb, file)
+	report := func(s *Scheduler, dest string, ans UpstreamAnswer) {
+		t.Helper()
+		route := s.gates.Load().routeOf(queue, "t")
+		hctx, _ := s.adapt.reporterFor(ctx, route.quotas, func(*gate) string { return dest })
+		ReportUpstream(hctx, ans)
+		s.adapt.report(ctx, s.Config())
+	}
+	interval := func(s *Scheduler, dest string) time.Duration {
+		t.Helper()
+		line, ok := lineOf(queue, s.gates.Load().quotas[quota].claimOn(dest), 1)
+		if !ok {
+			t.Fatalf("%s has no backlog line", dest)
+		}
+		return time.Duration(line.interval) * time.Microsecond
+	}
+	if got := interval(s, "d"); got != 10*time.Millisecond {
+		t.Fatalf("with no learned rate, d's line spaces tickets %v apart, want adaptive.max's 10ms", got)
+	}
+	report(s, "d", UpstreamAnswer{})
+	if got := interval(s, "d"); got != 10*time.Millisecond {
+		t.Fatalf("with a learned rate still searching, d's line spaces tickets %v apart, want adaptive.max's 10ms", got)
+	}
+	if got := other.gates.Load().quotas[quota].claimOn("d").g.limit.learned; got != 10 {
+		t.Fatalf("the other worker books d at %v, want its learned 10", got)
+	}
+	report(s, "d", UpstreamAnswer{Busy: true}) // cut to 7
+	want := time.Second / (adaptiveLineFeed * 7) / time.Microsecond * time.Microsecond
+	if got := interval(s, "d"); got != want {
+		t.Fatalf("after a 429, d's line spaces tickets %v apart, want %v (%v times its 7/s)", got, want, adaptiveLineFeed)
+	}
+
+	// The other worker heard nothing of the cut (no notice in this test),
+	// and its report passes d by: no task of it for longer than a turn is
+	// booked ahead.
+	kr, _ := other.adapt.keyRateOf(quota, "d")
+	kr.used.Store(time.Now().Add(-2 * adaptiveReserve).UnixMicro())
+	kr.wanted.Store(false)
+	other.adapt.report(ctx, other.Config())
+	if got := other.gates.Load().quotas[quota].claimOn("d").g.limit.learned; got != 7 {
+		t.Fatalf("the other worker's next task of d books at %v, want the fleet's 7 (read again, not the 10 it last read)", got)
+	}
+}

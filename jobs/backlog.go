@@ -65,22 +65,32 @@ func lineOf(queue string, c claim, cost int) (backlogLine, bool) {
 	if limit.Limit <= 0 || limit.Period <= 0 {
 		return backlogLine{}, false
 	}
-	line, rate := c.g.tag, limit.Limit
+	line, rate := c.g.tag, float64(limit.Limit)
 	if a := limit.Adaptive; a != nil {
 		// An adaptive quota's limit changes often (adapt.go): one line for
 		// all its versions, its tickets spaced at its highest rate, so that
 		// whatever rate it learns later is fed (a task back before the
 		// limit has a turn for it takes a ticket again: max - rate a
-		// second).
-		line, rate, limit.Period = c.g.name, a.Max, limit.RatePeriod()
+		// second). A keyed quota's line is a key value's, and a backlog
+		// of many values would make that max - rate a second for each:
+		// once the value's controller has met its upstream's limit, its
+		// tickets are spaced at adaptiveLineFeed times its learned rate.
+		line, rate, limit.Period = c.g.name, float64(a.Max), limit.RatePeriod()
+		if c.g.expr != nil && limit.learned > 0 && !limit.searching {
+			rate = min(rate, adaptiveLineFeed*limit.learned)
+		}
 	}
 	sum := sha256.Sum256([]byte(line + "\x00" + c.key))
 	return backlogLine{
 		gate:     c.g.name,
 		key:      backlogLineKey(queue, hex.EncodeToString(sum[:12])),
-		interval: max(1, int64(cost)*limit.Period.Microseconds()/int64(rate)),
+		interval: max(1, int64(float64(cost)*float64(limit.Period.Microseconds())/rate)),
 	}, true
 }
+
+// adaptiveLineFeed: a key value's backlog line of a keyed adaptive quota
+// feeds its gate at this many times its learned rate.
+const adaptiveLineFeed = 2
 
 // lineViews is what a worker last read of the lines' tails.
 type lineViews struct {

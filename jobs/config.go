@@ -118,9 +118,13 @@ type LimitConfig struct {
 
 	// filed is an adaptive quota's Limit, Period and Burst as in its file,
 	// where a learned limit took their place (atLearned); nil if none did.
-	// learned is that learned limit.
-	filed   *filedRate
-	learned float64
+	// learned is that learned limit; searching, on a key value's gate at
+	// its learned limit, that the value's controller had met no limit yet
+	// when the gate was built (its rate still grew by itself:
+	// LearnedRate.Searching).
+	filed     *filedRate
+	learned   float64
+	searching bool
 	// generation is the µs of the limit's last runtime change (set, reset
 	// or lapse), 0 if none: its state's version (stateVersion).
 	generation int64

@@ -240,14 +240,14 @@ func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet,
 		}
 		if l.Adaptive != nil && o.adapt != nil && !o.local {
 			g.learned = &learnedGates{rates: o.adapt, quota: name, limit: l, pinned: o.pinned != nil && o.pinned(name)}
-			g.learned.build = func(stored string, limit float64, generation int64, was *gate) (*gate, error) {
+			g.learned.build = func(stored string, lr LearnedRate, generation int64, was *gate) (*gate, error) {
 				o := o
 				o.previous, o.replacing = nil, was
 				if was == nil {
 					o.replacing = g
 				}
-				at := l.atLearned(limit).override(LimitOverride{})
-				at.generation = generation
+				at := l.atLearned(lr.Limit).override(LimitOverride{})
+				at.generation, at.searching = generation, lr.Searching
 				lg, err := newGateWith(o, kind, name, at, name+"\x00"+stored)
 				if err != nil {
 					return nil, err

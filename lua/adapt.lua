@@ -19,7 +19,8 @@
 --             else 0 (whole events per period)
 -- Output  -> {rate, rate before this call, cause of a change or "",
 --             recent successes per period, the limit in force (the rate
---             rounded), µs when that limit was set}, numbers as strings.
+--             rounded), µs when that limit was set, the ceiling (0: no
+--             limit of the upstream met yet)}, numbers as strings.
 --             The limit and its time name the limit's state in every
 --             worker alike (jobs: LimitConfig.generation), so that a
 --             limit left and come back to books on a fresh state.
@@ -160,4 +161,5 @@ redis.call('HSET', key, 'r', string.format('%.6f', r), 'c', string.format('%.6f'
   'sc', int(sinceCut), 'sb', int(sinceBusy), 'pr', string.format('%.6f', held), 'pa', int(probeAt), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
   'l', num(limit), 'g', int(limitAt))
 redis.call('EXPIRE', key, ttl)
-return {string.format('%.6f', r), string.format('%.6f', before), cause, string.format('%.6f', recent), num(limit), int(limitAt)}
+return {string.format('%.6f', r), string.format('%.6f', before), cause, string.format('%.6f', recent), num(limit), int(limitAt),
+  string.format('%.6f', ceiling)}

@@ -132,11 +132,14 @@ var keyedLimits = map[string]int{"d02": 2, "d03": 3, "d05": 5, "d07": 7, "d10": 
 // at a quarter of their limits), against an API that allows each
 // destination its own hidden rate, 2/s to 40/s, for 35 s: at most 3% of
 // all calls answered 429, and from 15 s on each destination of 7/s and
-// more at least 85% of its hidden limit (issue 23's line; measured 1.7
-// to 1.9%, and 96 to 100%). The destinations of 2 to 5/s, which the API
+// more at least 85% of its hidden limit (issue 23's line; measured 1.6
+// to 1.8%, and 94 to 101%). The destinations of 2 to 5/s, which the API
 // lets through only one call an interval apart (a burst of 1), at least
-// 60%: measured 68 to 89%, those of 2 and 3/s short of the issue's 85%
-// (docs/known-limits.md).
+// 75%: measured 80 to 90% (5/s 86 to 90%), those of 2 and 3/s not always
+// at the issue's 85%: each probe of the controller at their limit is a
+// 429, a lost turn and a cut (docs/known-limits.md). All of them less on
+// a machine busy with other work (67 to 79% below 10/s in a run beside a
+// benchmark).
 // enqueue status --keys shows each destination's learned rate, the small
 // destinations' below the large ones'; no task lost, archived, failed or
 // got through twice.
@@ -163,7 +166,7 @@ func TestAdaptiveKeyedQuota(t *testing.T) {
 		t.Logf("%s: limit %d/s, %d calls, %d 429s, %.2f successes/s after %v (%.0f%%)", s.Key, s.Limit, s.Calls, s.Busy, s.Settled, settle, 100*s.SettledShare)
 		want := 0.85
 		if s.Limit < 7 {
-			want = 0.6
+			want = 0.75
 		}
 		if s.SettledShare < want {
 			t.Errorf("%s: %.2f successes/s after %v, %.0f%% of its hidden %d/s; want >= %.0f%%", s.Key, s.Settled, settle, 100*s.SettledShare, s.Limit, 100*want)
