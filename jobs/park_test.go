@@ -394,15 +394,7 @@ func TestParkSharesAQuota(t *testing.T) {
 		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
 	})
 	ctx := context.Background()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
-	for _, q := range []string{probed, sent} {
-		for i := range 10 {
-			if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprint(q, "-", i))); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	enqueueTen(t, "test:api", probed, sent)
 	s.parker.ask(sent)
 	s.parker.parkBacklogs(ctx)
 	now, err := s.rdb.Time(ctx).Result()
@@ -452,19 +444,26 @@ func TestParkTakesBackAQueue(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
-	for _, q := range []string{free, ahead} {
-		for i := range 10 {
-			if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(q), asynq.TaskID(fmt.Sprint(q, "-", i))); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	enqueueTen(t, "test:api", free, ahead)
 	s.parker.parkBacklogs(ctx)
 	for _, q := range []string{free, ahead} {
 		if n, err := s.rdb.ZCard(ctx, wakeKeys(q)[0]).Result(); err != nil || n != 10 {
 			t.Errorf("%d tasks of %s noted in its wake set (%v), want its 10 parked", n, q, err)
+		}
+	}
+}
+
+// enqueueTen enqueues 10 tasks of type typ in each of queues, with IDs
+// "<queue>-<n>".
+func enqueueTen(t *testing.T, typ string, queues ...string) {
+	t.Helper()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for _, q := range queues {
+		for i := range 10 {
+			if _, err := client.Enqueue(asynq.NewTask(typ, nil), asynq.Queue(q), asynq.TaskID(fmt.Sprint(q, "-", i))); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
