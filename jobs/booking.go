@@ -107,6 +107,10 @@ type taskRef struct {
 	// parked: the parker books it (park.go), not a worker: it is lent no
 	// turn, which could not be given back if it has come.
 	parked bool
+	// notBefore: its turns come no earlier (on the limiters' clock; zero:
+	// now). The parker's probe that keeps its turn books it requeueLead
+	// ahead, as far as every task in Redis is due back before its turn.
+	notBefore time.Time
 }
 
 // refOf reads task t, id in queue, as its path needs it; the rest comes
@@ -219,7 +223,7 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 		// noted under the copy's id.)
 		opts = append(opts, throttle.Remind(wakeKeys(queue)[0], task.id, requeueLead, b.holdsUpTo(ctx, gs, task)))
 	}
-	bk, err := throttle.Book(ctx, bookClaims, time.Time{}, reserveMax, opts...)
+	bk, err := throttle.Book(ctx, bookClaims, task.notBefore, reserveMax, opts...)
 	elapsed := time.Since(start).Seconds()
 	// The gates' own claims are counted; the fair share's goes with the
 	// drain'b.

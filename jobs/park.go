@@ -249,9 +249,9 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		// they take it, it would get only the turns of the quota the
 		// parker had not booked ahead for the other (a queue's share would
 		// follow who books first, not its priority).
-		keep := b.booked == 0 && !b.sentBack && sharesWithBulk(backlogs, b)
+		probe := b.booked == 0 && !b.sentBack && !sharesWithBulk(backlogs, b)
 		began := time.Now()
-		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m, keep)
+		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m, probe)
 		p.booked(time.Since(began))
 		p.note(ctx, b.queue, t.id, spot)
 		parked++
@@ -260,11 +260,10 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			b.ahead = true
 			join(gs, handedSharing(backlogs, b), true)
 		}
-		if !ok && b.booked == 1 && !b.sentBack {
+		if !ok {
 			// The probe's turn had come: the gates have room, the rest of
 			// what was taken is due back at once, and the workers take the
-			// queue's tasks. (Later, a turn that has come is a gap in the
-			// gates' booked turns, given back for the next to book.)
+			// queue's tasks.
 			for _, t := range b.moved {
 				p.note(ctx, b.queue, t.id, parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())})
 			}
@@ -445,29 +444,35 @@ type parkSpot struct {
 }
 
 // book books task id of queue (message m) as a worker would, with no room
-// to hold it, and returns when it is due back. ok is false if its turn has
-// come: it is given back, and the task is due back at once; unless keep,
-// then the task is due back at once holding its turn (a worker that takes
-// it claims the turn kept under its booking ID), and ok is true.
-func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage, keep bool) (parkSpot, bool) {
+// to hold it, and returns when it is due back. A probe (of a queue none of
+// whose tasks was sent back) asks whether the gates have room now: if its
+// turn has come, it is given back, the task is due back at once and ok is
+// false. Any other booking, and a probe that keeps its turn, books no
+// earlier than requeueLead from now, and is due back before its turn as a
+// task sent back is: due back for a turn that had come, its task would find
+// the turn passed and book again (a turn lost); and a turn that has come,
+// given back, would be found again by the queue's next booking, and the
+// next, each task handed back to the workers at once.
+func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage, probe bool) (parkSpot, bool) {
 	t := asynq.NewTaskWithHeaders(m.typ, m.payload, m.headers)
 	task := taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t), fresh: true, parked: true}
 	now := p.booker.lines.limitersNow(p.clock.Now())
+	if !probe {
+		task.notBefore = time.UnixMicro(now).Add(requeueLead)
+	}
 	o, err := p.booker.book(ctx, gs, task, false)
 	if err != nil {
 		return parkSpot{due: now + redisRetry.Microseconds()}, true
 	}
 	switch o := o.(type) {
 	case turnAhead:
-		return parkSpot{due: o.at.Add(-requeueLead).UnixMicro(), ahead: true}, true
+		// A turn at its earliest is one whose time had come.
+		return parkSpot{due: o.at.Add(-requeueLead).UnixMicro(), ahead: o.at.After(task.notBefore)}, true
 	case notedIn:
 		return parkSpot{due: now + o.d.Microseconds(), noted: true, ahead: true}, true
 	case askAgainIn:
 		return parkSpot{due: now + o.d.Microseconds(), ahead: true}, true
-	case runNow:
-		if keep {
-			return parkSpot{due: now}, true
-		}
+	case runNow: // a probe's
 		p.booker.giveBack(ctx, o.turns)
 	}
 	return parkSpot{due: now}, false

@@ -341,9 +341,9 @@ func TestParkMovesBacklog(t *testing.T) {
 	}
 }
 
-// TestParkFindsRoom: a task the parker books whose turn has come (its
-// gates have room) gives its turn back and is due back at once: the
-// workers take it.
+// TestParkFindsRoom: the probe of a backlog none of whose tasks was sent
+// back, whose turn has come (its gates have room), gives its turn back and
+// is due back at once: the workers take it.
 func TestParkFindsRoom(t *testing.T) {
 	t.Parallel()
 	queue := redistest.Queue(t, "q")
@@ -356,7 +356,6 @@ func TestParkFindsRoom(t *testing.T) {
 	if _, err := client.Enqueue(asynq.NewTask("test:any", nil), asynq.Queue(queue), asynq.TaskID("a")); err != nil {
 		t.Fatal(err)
 	}
-	s.parker.ask(queue)
 	s.parker.parkBacklogs(ctx)
 	now, err := s.rdb.Time(ctx).Result()
 	if err != nil {
@@ -374,6 +373,40 @@ func TestParkFindsRoom(t *testing.T) {
 	bk, err := throttle.Book(ctx, []throttle.Claim{{Limiter: drain.lim, Key: drain.key, N: 1, ID: "other"}}, time.Time{}, time.Second)
 	if err != nil || !bk.OK || bk.Delay > 0 {
 		t.Errorf("booking after the parker gave the turn back: %+v, %v; want the drain's turn now", bk, err)
+	}
+}
+
+// TestParkBooksOnFromRoom: a queue whose task was sent back, and whose
+// drain (10/s, burst 1) has room by the time the parker books its backlog:
+// its tasks book the drain's turns in order from requeueLead on, 100 ms
+// apart. On main the first found its turn had come and gave it back, due
+// back at once; the next found that turn again, and the next: all 10 were
+// handed back to the workers at once, to book one by one (three script
+// runs each where a parked task costs one).
+func TestParkBooksOnFromRoom(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, "q")
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}}},
+	})
+	ctx := context.Background()
+	enqueueTen(t, "test:any", queue)
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in []time.Duration
+	for _, z := range due {
+		in = append(in, (time.Duration(int64(z.Score)-now.UnixMicro()) * time.Microsecond).Round(time.Millisecond))
+	}
+	if len(in) != 10 || in[9] < 800*time.Millisecond || in[9] > time.Second {
+		t.Errorf("the 10 tasks are due back in %v from now; want them 100 ms apart, the last 0.9 s on", in)
 	}
 }
 
@@ -418,6 +451,54 @@ func TestParkSharesAQuota(t *testing.T) {
 		if d < 1500*time.Millisecond-requeueLead || d > 2*time.Second {
 			t.Errorf("the last task of %s is due back in %v; want 1.6 to 2 s (the queues' turns taken in turn): %v", q, d, last)
 		}
+	}
+}
+
+// TestParkKeptProbeComesBackInTime: the probe that keeps its turn (see
+// TestParkSharesAQuota) is due back requeueLead before that turn, as every
+// parked task is, so that the worker that takes it back from the waker
+// finds the turn still ahead and claims it. A turn kept for "now" had
+// passed by the time its task came back: the task booked again, behind
+// the 20 turns the parker had booked since, and the quota lost that turn.
+func TestParkKeptProbeComesBackInTime(t *testing.T) {
+	t.Parallel()
+	probed, sent := redistest.Queue(t, "probed"), redistest.Queue(t, "sent")
+	api := redistest.Queue(t, "api")
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{probed: {}, sent: {}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
+	})
+	ctx := context.Background()
+	enqueueTen(t, "test:api", probed, sent)
+	s.parker.ask(sent)
+	s.parker.parkBacklogs(ctx)
+	probe := probed + "-0"
+	due, err := s.rdb.ZScore(ctx, wakeKeys(probed)[0], probe).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back from the waker as it would be: a look (wakeEvery) after it is due.
+	back := time.UnixMicro(int64(due)).Add(wakeEvery)
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(back.Sub(now))
+	task := asynq.NewTask("test:api", nil)
+	o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: task, queue: probed, id: probe, booking: bookingID(probed, probe, task)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch o := o.(type) {
+	case turnAhead:
+		if wait := o.at.Sub(back); wait > requeueLead {
+			t.Errorf("the probe, back %v after it was due, has its turn %v later: it booked again (its kept turn had passed)", wakeEvery, wait)
+		}
+	case runNow:
+		// Its turn is now: kept, or the quota had room again.
+	default:
+		t.Errorf("the probe, back for its kept turn, got %T %+v", o, o)
 	}
 }
 

@@ -123,7 +123,8 @@ func TestLocalPolicyFleetStart(t *testing.T) {
 		Tasks:  map[string]jobs.TaskConfig{"test:record": {Quotas: []string{quota}}},
 	}
 	user, password := redistest.ACLUser(t, "asynq:*", "sluice:drain:*", "sluice:concurrency:*", "sluice:wake:*", "sluice:waker:*",
-		"sluice:rate:*", "sluice:rescue:*", "sluice:rescued:*", "sluice:rebook:*", "sluice:fair:*")
+		"sluice:rate:*", "sluice:rescue:*", "sluice:rescued:*", "sluice:rebook:*", "sluice:fair:*",
+		"sluice:park:*", "sluice:backlog:*", "sluice:{limits}:*")
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Username: user, Password: password})
 	t.Cleanup(func() { rdb.Close() })
 	rec := &recorder{}
