@@ -64,7 +64,7 @@ func TestLoadContract(t *testing.T) {
 		Jobs: jobs.Config{
 			Worker: jobs.WorkerConfig{Concurrency: 10, MetricsAddr: "127.0.0.1:2112", HoldMax: time.Second, ReserveMax: time.Minute, Waiting: 10},
 			Queues: map[string]jobs.QueueConfig{
-				"emails": {Priority: 3, Drain: &jobs.LimitConfig{Algorithm: "leaky_bucket", Limit: 20, Period: time.Second, Burst: 1, OnRedisError: "local"}},
+				"emails": {Priority: 3, Shards: 1, Drain: &jobs.LimitConfig{Algorithm: "leaky_bucket", Limit: 20, Period: time.Second, Burst: 1, OnRedisError: "local"}},
 			},
 			Quotas: map[string]jobs.LimitConfig{
 				"example-api": {Algorithm: "token_bucket", Limit: 10, Period: time.Second, Burst: 5, OnRedisError: "deny", MaxBlock: 10 * time.Minute, Guard: 20 * time.Millisecond},
