@@ -73,7 +73,8 @@ func queueLines(queue string) string { return throttle.Key("sluice:backlog:", qu
 func backlogLineKey(queue, digest string) string { return queueLines(queue) + ":" + digest }
 
 // sharesKey holds a sharded queue's shares of its drain: which shards had
-// tasks lately ("busy") and when each last had ("seen"); sharerClaim is
+// tasks lately ("busy") and for how many looks each had none ("quiet");
+// sharerClaim is
 // held by the one worker that looks at the shards this time (shards.go).
 // Both are under the logical queue's name: one small hash a queue, read by
 // every worker a few times a second.

@@ -42,7 +42,8 @@ import (
 const (
 	shareUnit      = 1000
 	shareLook      = 250 * time.Millisecond
-	shareIdleAfter = 750 * time.Millisecond
+	shareIdleLooks = 3 // looks without a task: shareIdleAfter
+	shareIdleAfter = shareIdleLooks * shareLook
 	shareSoon      = 2 * time.Second
 	// sharesNotice is published on blockChannel when a sharded queue's
 	// shares changed.
@@ -273,12 +274,12 @@ func (k *shareKeeper) round(ctx context.Context, groups map[string][]string) {
 }
 
 // look counts the tasks of each shard of queue (pending, active, and due
-// back from Redis within shareSoon), notes the shards that have some as
-// seen now, and stores which were seen within shareIdleAfter; a change is
+// back from Redis within shareSoon) and stores, for each, how many looks
+// in a row found none (up to shareIdleLooks), and which shards are busy:
+// those with tasks at one of the last shareIdleLooks looks. A change is
 // announced on blockChannel.
 func (k *shareKeeper) look(ctx context.Context, queue string, shards []string) error {
-	now := time.Now()
-	soon := strconv.FormatInt(now.Add(shareSoon).Unix(), 10)
+	soon := strconv.FormatInt(time.Now().Add(shareSoon).Unix(), 10)
 	pipe := k.queues.Pipeline()
 	counts := make([][]*redis.IntCmd, len(shards))
 	for i, shard := range shards {
@@ -289,31 +290,39 @@ func (k *shareKeeper) look(ctx context.Context, queue string, shards []string) e
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
 	}
-	stored, err := k.rdb.HMGet(ctx, sharesKey(queue), "busy", "seen").Result()
+	stored, err := k.rdb.HMGet(ctx, sharesKey(queue), "busy", "quiet").Result()
 	if err != nil {
 		return err
 	}
 	was, _ := stored[0].(string)
-	seenText, _ := stored[1].(string)
-	seen := strings.Split(seenText, ",")
-	seen = append(seen, make([]string, max(0, len(shards)-len(seen)))...)[:len(shards)]
+	quietText, _ := stored[1].(string)
+	// Looks are counted, not timed: the workers that look in turn need not
+	// agree on the time.
+	quiet := strings.Split(quietText, ",")
+	quiet = append(quiet, make([]string, max(0, len(shards)-len(quiet)))...)[:len(shards)]
 	busy := make([]byte, len(shards))
 	for i, c := range counts {
 		var n int64
 		for _, cmd := range c {
 			n += cmd.Val()
 		}
-		if n > 0 {
-			seen[i] = strconv.FormatInt(now.UnixMicro(), 10)
+		looks, err := strconv.Atoi(quiet[i])
+		if err != nil {
+			looks = shareIdleLooks // never looked at: idle until it has tasks
 		}
-		at, _ := strconv.ParseInt(seen[i], 10, 64)
+		if n > 0 {
+			looks = 0
+		} else {
+			looks = min(looks+1, shareIdleLooks)
+		}
+		quiet[i] = strconv.Itoa(looks)
 		busy[i] = '0'
-		if now.Sub(time.UnixMicro(at)) < shareIdleAfter {
+		if looks < shareIdleLooks {
 			busy[i] = '1'
 		}
 	}
 	pipe = k.rdb.TxPipeline()
-	pipe.HSet(ctx, sharesKey(queue), "busy", string(busy), "seen", strings.Join(seen, ","))
+	pipe.HSet(ctx, sharesKey(queue), "busy", string(busy), "quiet", strings.Join(quiet, ","))
 	pipe.Expire(ctx, sharesKey(queue), time.Hour)
 	if _, err := pipe.Exec(ctx); err != nil {
 		return err
