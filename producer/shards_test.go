@@ -89,14 +89,7 @@ func TestSpread(t *testing.T) {
 		}
 	}
 
-	t.Run("standalone", func(t *testing.T) {
-		testSpreadLoad(t, loaderClient(t, redistest.Addr(t)), asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	})
-	t.Run("cluster", func(t *testing.T) {
-		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), PoolSize: producer.LoadPool, MaxRetries: -1, DialerRetries: 1})
-		t.Cleanup(func() { rdb.Close() })
-		testSpreadLoad(t, rdb, asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)})
-	})
+	onBothBackends(t, testSpreadLoad)
 }
 
 func testSpreadLoad(t *testing.T, rdb redis.UniversalClient, opt asynq.RedisConnOpt) {
