@@ -532,6 +532,14 @@ func (u *uniqueNames) check(p *problems, i int, name string) {
 	u.seen[name] = i
 }
 
+// Shards is how many shards queue has (queues.<q>.shards): 1 for a queue
+// without, or one the config does not name. Producers spread a sharded
+// queue's tasks over its shards with it (producer.Spread.Task,
+// Loader.SpreadOver).
+func (f File) Shards(queue string) int {
+	return max(1, f.Jobs.Queues[queue].Shards)
+}
+
 // validateQueues checks that the clients' queues are configured queues.
 func (g Gateway) validateQueues(queues map[string]jobs.QueueConfig) []error {
 	var p problems

@@ -64,7 +64,7 @@ func TestLoadContract(t *testing.T) {
 		Jobs: jobs.Config{
 			Worker: jobs.WorkerConfig{Concurrency: 10, MetricsAddr: "127.0.0.1:2112", HoldMax: time.Second, ReserveMax: time.Minute, Waiting: 10},
 			Queues: map[string]jobs.QueueConfig{
-				"emails": {Priority: 3, Drain: &jobs.LimitConfig{Algorithm: "leaky_bucket", Limit: 20, Period: time.Second, Burst: 1, OnRedisError: "local"}},
+				"emails": {Priority: 3, Shards: 1, Drain: &jobs.LimitConfig{Algorithm: "leaky_bucket", Limit: 20, Period: time.Second, Burst: 1, OnRedisError: "local"}},
 			},
 			Quotas: map[string]jobs.LimitConfig{
 				"example-api": {Algorithm: "token_bucket", Limit: 10, Period: time.Second, Burst: 5, OnRedisError: "deny", MaxBlock: 10 * time.Minute, Guard: 20 * time.Millisecond},
@@ -338,6 +338,17 @@ tasks: {"": {cost: 1}}`,
 			want: []string{`SLUICE_REDIS_CLUSTER: redis.cluster[1]: must be host:port with a port from 1 to 65535, like 127.0.0.1:6379, got "h2"`}},
 		{desc: "environment value fails validation", yaml: addr, env: map[string]string{"SLUICE_GATEWAY_BAN_AFTER": "-1"},
 			want: []string{`SLUICE_GATEWAY_BAN_AFTER: gateway.ban.after: must be >= 0 (0: no bans), got -1`}},
+		// 25.3: a sharded queue's shard count, from the file and the environment.
+		{desc: "shards", yaml: addr + `queues:
+  ok: {shards: 3, drain: {limit: 300, period: 1s}}
+  many: {shards: 65}
+  windowed: {shards: 2, drain: {algorithm: sliding_log, limit: 5, period: 1s}}`,
+			want: []string{
+				"config.yaml:4: queues.many.shards: must be from 1 (one asynq queue, the default) to 64, got 65",
+				"config.yaml:5: queues.windowed.shards: needs a bucket drain (leaky_bucket or token_bucket) to share among the shards, got sliding_log",
+			}},
+		{desc: "shards from the environment", yaml: addr + "queues: {q: {}}", env: map[string]string{"SLUICE_QUEUES_Q_SHARDS": "100"},
+			want: []string{"SLUICE_QUEUES_Q_SHARDS: queues.q.shards: must be from 1 (one asynq queue, the default) to 64, got 100"}},
 		{desc: "ambiguous environment variable", yaml: addr + "queues: {a-b: {}, a_b: {}}",
 			env:  map[string]string{"SLUICE_QUEUES_A_B_PRIORITY": "2"},
 			want: []string{"SLUICE_QUEUES_A_B_PRIORITY: would set each of queues.a-b.priority, queues.a_b.priority"}},

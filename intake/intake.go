@@ -67,6 +67,7 @@ type Intake struct {
 	log      *slog.Logger
 	rules    atomic.Pointer[rules] // swapped whole when the config changes
 	accepted *prometheus.CounterVec
+	spread   producer.Spread // picks a sharded queue's shard for each task
 }
 
 // Option sets up an Intake in New.
@@ -270,6 +271,7 @@ func (in *Intake) enqueue(w http.ResponseWriter, r *http.Request) {
 	// client (a producer can spread a payload's field over many keys, not
 	// its key).
 	named := asynq.NewTaskWithHeaders(t.Asynq.Type(), t.Asynq.Payload(), map[string]string{jobs.HeaderClient: c.name})
+	t = in.spread.Task(t, in.rules.Load().shards(t.Queue)) // a sharded queue's tasks over its shards
 	info, err := in.client.EnqueueContext(r.Context(), named, t.Opts...)
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
@@ -311,6 +313,7 @@ type rules struct {
 	queues    []string
 	payloads  producer.PayloadChecker // the task types and their schemas
 	jobs      jobs.Config             // the fleet's limits, as the file has them (admin.go)
+	shards    func(queue string) int  // a queue's shards (config.File.Shards)
 	adminOn   bool                    // gateway.admin_token_hash is set
 	admin     [32]byte                // its SHA-256
 }
@@ -327,7 +330,7 @@ type client struct {
 func newRules(f config.File) *rules {
 	queues := slices.Sorted(maps.Keys(f.Jobs.Queues))
 	g := f.Gateway
-	r := &rules{closed: Closed(g), types: g.Types, queues: queues, payloads: f, jobs: f.Jobs, adminOn: g.AdminTokenHash != ""}
+	r := &rules{closed: Closed(g), types: g.Types, queues: queues, payloads: f, jobs: f.Jobs, shards: f.Shards, adminOn: g.AdminTokenHash != ""}
 	hex.Decode(r.admin[:], []byte(g.AdminTokenHash)) // 64 hex digits, if any: the config checked them
 	for _, c := range g.Clients {
 		k := &client{name: c.Name, types: c.Types, queues: c.Queues}

@@ -42,6 +42,9 @@ type blockBoard struct {
 	// onAdapted, if not nil, is called when a worker changed an adaptive
 	// quota's learned rate (adaptedNotice, adapt.go).
 	onAdapted func()
+	// onShares, if not nil, is called when a sharded queue's shares of
+	// its drain changed (sharesNotice, shards.go).
+	onShares func()
 }
 
 func newBlockBoard(deps fleetDeps) *blockBoard {
@@ -167,6 +170,10 @@ func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
 		case m.Payload == adaptedNotice:
 			if b.onAdapted != nil {
 				b.onAdapted()
+			}
+		case m.Payload == sharesNotice:
+			if b.onShares != nil {
+				b.onShares()
 			}
 		default:
 			b.takeBlock(m.Payload)

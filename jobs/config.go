@@ -62,6 +62,18 @@ type QueueConfig struct {
 	// Fairness shares the drain among the values of a key (tenants, say)
 	// in proportion to their weights; nil: first come, first served.
 	Fairness *FairnessConfig
+	// Shards splits the queue over this many asynq queues, each in a
+	// Redis Cluster slot of its own (see shards.go): 1 (the default) is
+	// one asynq queue named as the queue; 2 to 64 lift the ceiling of one
+	// master's work. Producers spread the tasks over the shards, workers
+	// serve them all, and the drain is shared among the shards that have
+	// tasks, its total exactly the configured rate.
+	Shards int
+
+	// shardOf, in a config whose sharded queues were replaced by their
+	// shards (Config.sharded), is the sharded queue a shard belongs to;
+	// "" for a queue that is no shard.
+	shardOf string
 }
 
 // FairnessConfig shares a queue's drain among the keys that have tasks
@@ -292,6 +304,9 @@ func (c Config) Defaults() Config {
 		if q.Priority == 0 {
 			q.Priority = 1
 		}
+		if q.Shards == 0 {
+			q.Shards = 1
+		}
 		if q.Drain != nil {
 			d := q.Drain.defaults(throttle.LeakyBucket)
 			q.Drain = &d
@@ -416,6 +431,7 @@ func (c Config) Validate() []error {
 			bad(key+".concurrency", "must be >= 0 (0: no limit), got %d", q.Concurrency)
 		}
 		errs = append(errs, validateSlotPolicy(key, q.ConcurrencyOnRedisError)...)
+		errs = append(errs, q.validateShards(key, name)...)
 		if q.Drain != nil {
 			errs = append(errs, q.Drain.validate(key+".drain")...)
 			if q.Drain.Adaptive != nil {

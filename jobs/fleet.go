@@ -16,14 +16,15 @@ import (
 // (blockBoard), the tasks that waited in Redis brought back when they are
 // due (waker), the tasks orphaned by a worker's death run again
 // (orphanRescue), and this worker's completions added to the queues'
-// rates (rateRecorder, for RecentRate), the runtime limits (limitsWatch)
-// and the adaptive quotas' learned rates (adaptiveRates). It returns once
+// rates (rateRecorder, for RecentRate), the runtime limits (limitsWatch),
+// the adaptive quotas' learned rates (adaptiveRates) and the sharded
+// queues' shares of their drains (shareKeeper). It returns once
 // all of them, and
 // the work of any config change (Apply), have stopped.
 func (s *Scheduler) Run(ctx context.Context) {
 	s.changes.open(ctx)
 	defer s.changes.close()
-	runAll(ctx, s.fleet, s.board, s.waker, s.parker, s.rescuer, s.rates, s.limits, s.adapt)
+	runAll(ctx, s.fleet, s.board, s.waker, s.parker, s.rescuer, s.rates, s.limits, s.adapt, s.shares)
 }
 
 // orphanRescue runs again, every rescueEvery, the tasks that asynq

@@ -171,9 +171,13 @@ type gateOptions struct {
 	// value's learned limit changed), instead of its predecessor in
 	// previous.
 	replacing *gate
+	// busy says which shards of each sharded queue have tasks, and so
+	// their shares of its drain (shards.go); nil: equal shares.
+	busy map[string][]bool
 }
 
 func newGateSet(rdb redis.UniversalClient, cfg Config, o gateOptions) (*gateSet, error) {
+	cfg = cfg.sharded(o.busy)
 	gs := &gateSet{cfg: cfg, drains: map[string]*gate{}, quotas: map[string]*gate{},
 		queueSem: map[string]*throttle.Semaphore{}, typeSem: map[string]*throttle.Semaphore{},
 		typeKey: map[string]*keyExpr{}, fair: map[string]*fairGate{},
@@ -560,7 +564,9 @@ func (gs *gateSet) quotasOf(typ string) []*gate {
 func (s *Scheduler) semaphoresOf(gs *gateSet, queue, typ string, vars *taskVars) []slot {
 	var slots []slot
 	if sem := gs.queueSem[queue]; sem != nil {
-		slots = append(slots, slot{sem, "queue:" + queue, "queue:" + queue, slotPolicy(gs.cfg.Queues[queue].ConcurrencyOnRedisError)})
+		// A sharded queue's shards share its slots.
+		name := "queue:" + logicalQueue(gs.cfg, queue)
+		slots = append(slots, slot{sem, name, name, slotPolicy(gs.cfg.Queues[queue].ConcurrencyOnRedisError)})
 	}
 	if sem := gs.typeSem[typ]; sem != nil {
 		sl := slot{sem, "type:" + typ, "type:" + typ, slotPolicy(gs.cfg.Tasks[typ].ConcurrencyOnRedisError)}
@@ -602,9 +608,15 @@ func changedTags(old, gs *gateSet) []string {
 // Levels returns, for every gate of cfg ("drain:<queue>", "quota:<name>")
 // that is not keyed, how many events it could admit now: a bucket's level,
 // a window's room. (A keyed gate's is per key value: KeyLoads.) It counts
-// nothing.
+// nothing. A sharded queue's drain is a gate per shard
+// ("drain:<queue>~<i>"), at the share the fleet gives it now.
 func Levels(ctx context.Context, rdb redis.UniversalClient, cfg Config) (map[string]int, error) {
-	gs, err := newGateSet(rdb, cfg.Defaults(), gateOptions{lease: slotLease})
+	cfg = cfg.Defaults()
+	busy, err := storedShares(ctx, rdb, cfg)
+	if err != nil {
+		return nil, err
+	}
+	gs, err := newGateSet(rdb, cfg, gateOptions{lease: slotLease, busy: busy})
 	if err != nil {
 		return nil, err
 	}

@@ -71,3 +71,12 @@ func rateKey(queue string, bucket int64) string {
 func queueLines(queue string) string { return throttle.Key("sluice:backlog:", queue) }
 
 func backlogLineKey(queue, digest string) string { return queueLines(queue) + ":" + digest }
+
+// sharesKey holds a sharded queue's shares of its drain: which shards had
+// tasks lately ("busy") and for how many looks each had none ("quiet");
+// sharerClaim is
+// held by the one worker that looks at the shards this time (shards.go).
+// Both are under the logical queue's name: one small hash a queue, read by
+// every worker a few times a second.
+func sharesKey(queue string) string   { return throttle.Key("sluice:shares:", queue) }
+func sharerClaim(queue string) string { return throttle.Key("sluice:sharer:", queue) }

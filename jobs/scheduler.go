@@ -84,6 +84,7 @@ type Scheduler struct {
 	rates   *rateRecorder  // completions not yet added to the fleet's rate buckets
 	limits  *limitsWatch   // the runtime limits set live (runtimelimits.go)
 	adapt   *adaptiveRates // the adaptive quotas' learned rates (adapt.go)
+	shares  *shareKeeper   // the sharded queues' shares of their drains (shards.go)
 	changes changeWork     // what config changes leave to do, awaited by Run
 
 	// The config in force is file with runtime merged onto it; applying
@@ -95,6 +96,9 @@ type Scheduler struct {
 	runtimeSig string // runtimeSignature of runtime when it was put in force
 	// pins is runtime, for adapt's reads outside applyMu.
 	pins atomic.Pointer[[]RuntimeLimit]
+	// busy is which shards of each sharded queue have tasks, as the
+	// fleet last said (shards.go); nil: equal shares.
+	busy map[string][]bool
 }
 
 // NewScheduler returns a Scheduler for cfg. rdb is where the limits live;
@@ -130,6 +134,8 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.adapt = newAdaptiveRates(deps, m)
 	s.adapt.pinned = s.pinned
 	s.board.onAdapted = s.adapt.poke
+	s.shares = newShareKeeper(deps, s.applyShares)
+	s.board.onShares = s.shares.poke
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))
@@ -204,9 +210,21 @@ func (s *Scheduler) applyAdaptive() {
 	}
 }
 
+// applyShares puts in force the sharded queues' shares of their drains
+// that busy gives: tasks waiting for turns booked at a shard's old rate
+// book again.
+func (s *Scheduler) applyShares(busy map[string][]bool) {
+	s.applyMu.Lock()
+	defer s.applyMu.Unlock()
+	s.busy = busy
+	if err := s.putInForce(s.merged(s.file), true); err != nil {
+		s.log.Error("cannot put a sharded queue's shares in force; the shares in force stay", "err", err)
+	}
+}
+
 func (s *Scheduler) newGateSet(cfg Config) (*gateSet, error) {
 	o := gateOptions{workers: s.fleet.shares, lease: s.slotLease, evaluations: s.metrics.evaluations, previous: s.gates.Load(),
-		adapt: s.adapt, pinned: s.pinned}
+		adapt: s.adapt, pinned: s.pinned, busy: s.busy}
 	if s.clock.injected {
 		o.clock = s.clock.Clock
 	}
@@ -223,7 +241,8 @@ func (s *Scheduler) Close() error {
 	return errors.Join(s.client.Close(), s.inspector.Close(), s.queues.Close())
 }
 
-// Config returns the config in force.
+// Config returns the config in force, each sharded queue replaced by its
+// shards (the queues asynq serves; see shards.go).
 func (s *Scheduler) Config() Config { return s.gates.Load().cfg }
 
 // ErrRestartNeeded is wrapped by Apply's error for a change that a running
@@ -309,7 +328,8 @@ func (s *Scheduler) countRuntime() {
 // book again.
 func (s *Scheduler) putInForce(cfg Config, rebook bool) error {
 	old := s.gates.Load()
-	if was, now := slices.Sorted(maps.Keys(old.cfg.Queues)), slices.Sorted(maps.Keys(cfg.Queues)); !slices.Equal(was, now) {
+	// The queues as asynq serves them: a sharded queue's shards.
+	if was, now := slices.Sorted(maps.Keys(old.cfg.Queues)), slices.Sorted(maps.Keys(cfg.sharded(nil).Queues)); !slices.Equal(was, now) {
 		return fmt.Errorf("%w: the queues would change from %v to %v; the config in force stays", ErrRestartNeeded, was, now)
 	}
 	gs, err := s.newGateSet(cfg)

@@ -23,3 +23,18 @@ func ExampleDecodeLine() {
 	// demo:sleep bulk r-1 <nil>
 	// options.timeout: must be a whole number of seconds (asynq keeps seconds), got 1.5s
 }
+
+// A program that enqueues with a plain asynq.Client spreads a sharded
+// queue's tasks over its shards (queues.emails.shards: 3 in config.yaml)
+// with a Spread: each task to the next shard.
+func ExampleSpread() {
+	var spread producer.Spread // one for the program, shared by its goroutines
+	seen := map[string]bool{}
+	for range 3 {
+		q := spread.Queue("emails", 3) // then: client.Enqueue(task, asynq.Queue(q))
+		seen[q] = true
+	}
+	fmt.Println(len(seen), producer.ShardQueues("emails", 3))
+	// Output:
+	// 3 [emails~0.2 emails~1.4 emails~2.3]
+}

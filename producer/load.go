@@ -44,7 +44,15 @@ type Result struct {
 // each; see Load.
 type Loader struct {
 	client *asynq.Client
+	// shards, if set, gives a queue's shard count: each task goes to one
+	// of its queue's shards (Spread.Task).
+	shards func(queue string) int
+	spread Spread
 }
+
+// SpreadOver has l spread each task over its queue's shards, shards(queue)
+// of them (a config.File's Shards): see Spread.Task. Call it before Load.
+func (l *Loader) SpreadOver(shards func(queue string) int) { l.shards = shards }
 
 // NewLoader returns a Loader that enqueues through rdb, whose pool should
 // hold LoadPool connections, and which the caller closes after the
@@ -92,6 +100,9 @@ func (l *Loader) load(ctx context.Context, tasks []Task, done *atomic.Int64) []R
 // call cut short after it was sent would leave its task uncertain for
 // nothing.
 func (l *Loader) Enqueue(t Task) Result {
+	if l.shards != nil {
+		t = l.spread.Task(t, l.shards(t.Queue))
+	}
 	probe := &writeProbe{}
 	ctx := context.WithValue(context.Background(), probeKey{}, probe)
 	info, err := l.client.EnqueueContext(ctx, t.Asynq, t.Opts...)

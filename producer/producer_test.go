@@ -149,14 +149,19 @@ func loaderClient(t *testing.T, addr string) *redis.Client {
 // server and on the cluster: every task lands, each reported in order
 // with its line; loaded again, the line with a task_id counts as already
 // enqueued and the others land twice.
-func TestLoadFile(t *testing.T) {
+func TestLoadFile(t *testing.T) { onBothBackends(t, testLoadFile) }
+
+// onBothBackends runs test as a subtest on the standalone Redis and on the
+// cluster, each with a loader's client (see loaderClient) and the asynq
+// options to read what it loaded.
+func onBothBackends(t *testing.T, test func(*testing.T, redis.UniversalClient, asynq.RedisConnOpt)) {
 	t.Run("standalone", func(t *testing.T) {
-		testLoadFile(t, loaderClient(t, redistest.Addr(t)), asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+		test(t, loaderClient(t, redistest.Addr(t)), asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	})
 	t.Run("cluster", func(t *testing.T) {
 		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.ClusterAddrs(t), PoolSize: producer.LoadPool, MaxRetries: -1, DialerRetries: 1})
 		t.Cleanup(func() { rdb.Close() })
-		testLoadFile(t, rdb, asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)})
+		test(t, rdb, asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)})
 	})
 }
 

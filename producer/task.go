@@ -72,6 +72,7 @@ type CheckedOptions struct {
 	opts   []asynq.Option
 	taskID string // "" unless set
 	group  string // "" unless set
+	unique bool   // asynq.Unique is set
 }
 
 // Check checks v at now and returns its asynq options, or one error per
@@ -151,6 +152,7 @@ func (v Options) Check(spell func(key string) string, now time.Time) (CheckedOpt
 	}
 	if d, ok := duration("unique", v.Unique, time.Second, true); ok {
 		o.opts = append(o.opts, asynq.Unique(d))
+		o.unique = true
 	}
 	if id, ok := name("task_id", v.TaskID); ok {
 		if len(id) > MaxTaskID {
@@ -176,8 +178,12 @@ type Task struct {
 	Queue  string
 	TaskID string // "" unless set
 	Group  string // "" unless set
+	// Shard is the asynq queue of Queue's shards it goes to (Spread.Task),
+	// "" for an unsharded queue: Opts name it.
+	Shard  string
 	Asynq  *asynq.Task
 	Opts   []asynq.Option // the queue's included
+	unique bool           // asynq.Unique is among Opts
 }
 
 // PayloadChecker knows the task types and checks their payloads: a
@@ -211,7 +217,7 @@ func NewTask(typ string, payload []byte, queue string, o CheckedOptions, check P
 		return Task{}, err
 	}
 	opts := append(slices.Clip(o.opts), asynq.Queue(queue))
-	return Task{Queue: queue, TaskID: o.taskID, Group: o.group, Asynq: asynq.NewTask(typ, payload), Opts: opts}, nil
+	return Task{Queue: queue, TaskID: o.taskID, Group: o.group, unique: o.unique, Asynq: asynq.NewTask(typ, payload), Opts: opts}, nil
 }
 
 // Defaults are what every line gets that does not set it itself: the

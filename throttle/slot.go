@@ -31,3 +31,8 @@ func keySlot(key string) int {
 	}
 	return slotOf(key)
 }
+
+// Slot is the Redis Cluster slot of the keys whose hash tag is tag (as
+// Key builds them, when tag needs no escape): for a program that places
+// its own keys, as package producer names a sharded queue's shards.
+func Slot(tag string) int { return slotOf(tag) }

@@ -215,7 +215,7 @@ func (a *app) enqueueCopies(cmd *cobra.Command, f enqueueFlags, values producer.
 		return c, true, nil
 	}
 	out := cmd.OutOrStdout()
-	y, _, err := connectAndLoad(cmd, file.Redis, f.count, next, f.count > 1, func(r producer.Result) {
+	y, _, err := connectAndLoad(cmd, file, f.count, next, f.count > 1, func(r producer.Result) {
 		if r.ID != "" {
 			fmt.Fprintln(out, r.ID)
 		}
@@ -274,7 +274,7 @@ func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values producer.Op
 		return badInput(fmt.Errorf("reading %s again: %w; nothing was enqueued", name, err))
 	}
 	checkedIn := time.Since(start)
-	y, elapsed, err := connectAndLoad(cmd, file.Redis, c.Tasks, producer.FileTasks(in, name, f.skip, d, now), true, func(producer.Result) {})
+	y, elapsed, err := connectAndLoad(cmd, file, c.Tasks, producer.FileTasks(in, name, f.skip, d, now), true, func(producer.Result) {})
 	switch {
 	case err != nil && y == nil:
 		return err
@@ -291,10 +291,12 @@ func (a *app) enqueueFile(cmd *cobra.Command, f enqueueFlags, values producer.Op
 // results and how long enqueueing took; each gets every result, in order.
 // It fails with a nil tally when Redis cannot be reached at all: nothing
 // was enqueued. An error of next comes with the tally of what was loaded.
-func connectAndLoad(cmd *cobra.Command, r config.Redis, total int, next func() (producer.Task, bool, error), progress bool, each func(producer.Result)) (*producer.Tally, time.Duration, error) {
+func connectAndLoad(cmd *cobra.Command, file config.File, total int, next func() (producer.Task, bool, error), progress bool, each func(producer.Result)) (*producer.Tally, time.Duration, error) {
+	r := file.Redis
 	rdb := newEnqueueClient(r, producer.LoadPool)
 	defer rdb.Close()
 	loader := producer.NewLoader(rdb)
+	loader.SpreadOver(file.Shards) // a sharded queue's tasks over its shards
 	ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 	err := r.Ping(ctx, rdb)
 	cancel()

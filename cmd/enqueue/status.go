@@ -19,11 +19,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/jobs"
+	"github.com/sluicehq/sluice/producer"
 	"github.com/sluicehq/sluice/throttle"
 )
 
 func newStatusCommand(a *app) *cobra.Command {
-	var watch, asJSON, tasks bool
+	var watch, asJSON, tasks, shards bool
 	var keys, key, queue string
 	var top int
 	cmd := &cobra.Command{
@@ -89,11 +90,12 @@ most ` + fmt.Sprint(jobs.MaxTaskETAs) + `).`,
 			if keys != "" {
 				return a.keyStatus(cmd, keys, top, cmd.Flags().Changed("key"), key, watch, asJSON)
 			}
-			return a.status(cmd, watch, asJSON)
+			return a.status(cmd, watch, asJSON, shards)
 		},
 	}
 	cmd.Flags().BoolVar(&watch, "watch", false, "refresh every second until Ctrl-C")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&shards, "shards", false, "list each shard of a sharded queue under its row (JSON lists them always)")
 	cmd.Flags().StringVar(&keys, "keys", "", "show the busiest keys of this keyed gate (drain:<queue>, quota:<name>, fair:<queue>, concurrency:type:<type>)")
 	cmd.Flags().IntVar(&top, "top", 20, "with --keys or --tasks: how many to show")
 	cmd.Flags().StringVar(&queue, "queue", "", "with --tasks: the `queue` whose tasks to list")
@@ -133,6 +135,11 @@ type queueStatus struct {
 	// RatePerSecond is the rate at which the fleet completed the queue's
 	// tasks over the last minute.
 	RatePerSecond float64 `json:"rate_per_second"`
+	// Shards are a sharded queue's shards (queues.<q>.shards), each as a
+	// queue (named as asynq names it) with Level, what its share of the
+	// drain could admit now; the queue's row is their sum.
+	Shards []queueStatus `json:"shards,omitempty"`
+	Level  *int          `json:"level,omitempty"` // a shard's
 }
 
 // gateStatus is a drain or a quota as configured, and its level.
@@ -179,12 +186,12 @@ type workerStatus struct {
 }
 
 // status prints one snapshot, or one a second with watch until ctx is done.
-func (a *app) status(cmd *cobra.Command, watch, asJSON bool) error {
+func (a *app) status(cmd *cobra.Command, watch, asJSON, shards bool) error {
 	return a.watch(cmd, watch, asJSON, func(ctx context.Context, rdb redis.UniversalClient, cfg jobs.Config) (any, error) {
 		inspector := asynq.NewInspectorFromRedisClient(rdb)
 		defer inspector.Close()
 		return takeSnapshot(ctx, rdb, inspector, cfg)
-	}, func(w io.Writer, v any) error { return printSnapshot(w, v.(snapshot)) })
+	}, func(w io.Writer, v any) error { return printSnapshot(w, v.(snapshot), shards) })
 }
 
 // keysSnapshot is what status --keys shows.
@@ -412,28 +419,46 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 	if err != nil {
 		return s, fmt.Errorf("reading gate levels: %w", err)
 	}
+	// A sharded queue's shards are counted in its row (and listed in its
+	// Shards), not as queues of their own.
+	shardOf := map[string]string{}
+	for name, qc := range cfg.Queues {
+		for _, shard := range producer.ShardQueues(name, qc.Shards) {
+			if shard != name {
+				shardOf[shard] = name
+			}
+		}
+	}
 	names := slices.Sorted(maps.Keys(cfg.Queues))
 	for _, q := range slices.Sorted(slices.Values(known)) {
-		if _, ok := cfg.Queues[q]; !ok {
+		if _, ok := cfg.Queues[q]; !ok && shardOf[q] == "" {
 			names = append(names, q)
 		}
 	}
 	for _, name := range names {
-		q := queueStatus{Name: name}
-		// A configured queue that was never enqueued to is unknown to asynq
-		// (its GetQueueInfo error, NOT_FOUND, is not ErrQueueNotFound): all zero.
-		if slices.Contains(known, name) {
-			info, err := inspector.GetQueueInfo(name)
-			if err != nil {
-				return s, fmt.Errorf("queue %q: %w", name, err)
+		qc, configured := cfg.Queues[name]
+		var q queueStatus
+		if configured && qc.Shards > 1 {
+			for _, shard := range producer.ShardQueues(name, qc.Shards) {
+				sq, err := readQueue(ctx, rdb, inspector, known, shard)
+				if err != nil {
+					return s, err
+				}
+				if level, ok := levels[jobs.GateName{Kind: jobs.DrainGate, Name: shard}.String()]; ok && qc.Drain != nil {
+					sq.Level = &level
+					levels[jobs.GateName{Kind: jobs.DrainGate, Name: name}.String()] += level
+				}
+				q.add(sq)
+				q.Shards = append(q.Shards, sq)
 			}
-			q.Paused, q.Pending, q.Scheduled, q.Retry = info.Paused, info.Pending, info.Scheduled, info.Retry
-			q.Active, q.Archived, q.Aggregating, q.Completed = info.Active, info.Archived, info.Aggregating, info.Completed
-			if err := countWaiting(inspector, &q); err != nil {
-				return s, fmt.Errorf("queue %q: %w", name, err)
+			q.Name = name
+		} else {
+			var err error
+			if q, err = readQueue(ctx, rdb, inspector, known, name); err != nil {
+				return s, err
 			}
 		}
-		if qc, ok := cfg.Queues[name]; ok {
+		if configured {
 			q.Configured = true
 			if qc.Drain != nil {
 				gate := jobs.GateName{Kind: jobs.DrainGate, Name: name}
@@ -442,11 +467,6 @@ func takeSnapshot(ctx context.Context, rdb redis.UniversalClient, inspector *asy
 				q.Drain = &g
 			}
 		}
-		rate, err := jobs.RecentRate(ctx, rdb, name)
-		if err != nil {
-			return s, fmt.Errorf("queue %q: rate: %w", name, err)
-		}
-		q.RatePerSecond = rate
 		s.Queues = append(s.Queues, q)
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Quotas)) {
@@ -491,6 +511,47 @@ const maxClassified = 10_000
 
 // classifyPage is how many tasks status reads at once to classify them.
 const classifyPage = 1000
+
+// readQueue reads what asynq holds of queue (all zero if it has never
+// been enqueued to: it is not among known) and the fleet's rate of it.
+func readQueue(ctx context.Context, rdb redis.UniversalClient, inspector *asynq.Inspector, known []string, name string) (queueStatus, error) {
+	q := queueStatus{Name: name}
+	// A configured queue that was never enqueued to is unknown to asynq
+	// (its GetQueueInfo error, NOT_FOUND, is not ErrQueueNotFound): all zero.
+	if slices.Contains(known, name) {
+		info, err := inspector.GetQueueInfo(name)
+		if err != nil {
+			return q, fmt.Errorf("queue %q: %w", name, err)
+		}
+		q.Paused, q.Pending, q.Scheduled, q.Retry = info.Paused, info.Pending, info.Scheduled, info.Retry
+		q.Active, q.Archived, q.Aggregating, q.Completed = info.Active, info.Archived, info.Aggregating, info.Completed
+		if err := countWaiting(inspector, &q); err != nil {
+			return q, fmt.Errorf("queue %q: %w", name, err)
+		}
+	}
+	rate, err := jobs.RecentRate(ctx, rdb, name)
+	if err != nil {
+		return q, fmt.Errorf("queue %q: rate: %w", name, err)
+	}
+	q.RatePerSecond = rate
+	return q, nil
+}
+
+// add adds a shard's counts and rate to q, its sharded queue's row; q is
+// paused if any shard is.
+func (q *queueStatus) add(shard queueStatus) {
+	q.Paused = q.Paused || shard.Paused
+	q.Pending += shard.Pending
+	q.Waiting += shard.Waiting
+	q.WaitingAtLeast = q.WaitingAtLeast || shard.WaitingAtLeast
+	q.Scheduled += shard.Scheduled
+	q.Retry += shard.Retry
+	q.Active += shard.Active
+	q.Archived += shard.Archived
+	q.Aggregating += shard.Aggregating
+	q.Completed += shard.Completed
+	q.RatePerSecond += shard.RatePerSecond
+}
 
 // countWaiting moves q's tasks that wait in Redis for their turn out of
 // its Retry and Scheduled counts into Waiting, reading at most
@@ -594,7 +655,7 @@ func shortDuration(d time.Duration) string {
 	return s
 }
 
-func printSnapshot(w io.Writer, s snapshot) error {
+func printSnapshot(w io.Writer, s snapshot, shards bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "QUEUES at %s\n", s.Time.Local().Format(time.DateTime))
 	fmt.Fprintln(tw, "QUEUE\tPENDING\tWAITING\tSCHEDULED\tRETRY\tACTIVE\tARCHIVED\tDONE/S (1m)\tDRAIN\tCAN ADMIT NOW")
@@ -615,6 +676,16 @@ func printSnapshot(w io.Writer, s snapshot) error {
 			waiting += "+"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%.2f\t%s\t%s\n", name, q.Pending, waiting, q.Scheduled, q.Retry, q.Active, q.Archived, q.RatePerSecond, drain, level)
+		if !shards {
+			continue
+		}
+		for i, sh := range q.Shards {
+			level := "-"
+			if sh.Level != nil {
+				level = fmt.Sprint(*sh.Level)
+			}
+			fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t%d\t%.2f\tshard %d of %d\t%s\n", sh.Name, sh.Pending, sh.Waiting, sh.Scheduled, sh.Retry, sh.Active, sh.Archived, sh.RatePerSecond, i, len(q.Shards), level)
+		}
 	}
 	fmt.Fprintln(tw)
 	if len(s.Quotas) > 0 {
