@@ -20,9 +20,10 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # drain rates to the request, and unit tests sharing the CPUs would add
 # their noise to its timings. Its tests spend their time waiting on slow
 # drains, each on queues and keys of its own, so they run side by side
-# (E2E_PARALLEL at once), but for the two that load a 100,000-line file,
-# TestLimitsImport (100,000 overrides applied in each worker) and
-# TestKeyedQuota (200 requests a second), which run alone first. It
+# (E2E_PARALLEL at once), but for the three that load the CPUs most,
+# which run alone first: TestLimitsImport (100,000 overrides applied in
+# each worker), TestKeyedQuota (200 requests a second) and
+# TestShardedQueue (300 a second). It
 # runs without -race: the code it tests runs in the worker and enqueue
 # binaries (built without it), and the test process, which stamps the
 # upstream's arrivals, must not stall while it measures. Both parts run
