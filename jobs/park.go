@@ -187,7 +187,13 @@ type parkedTask struct {
 // tasks book in the order they were queued.
 func (p *parker) parkBacklogs(ctx context.Context) {
 	claim := parkClaim(p.gates().cfg.Queues)
-	if ok, err := p.rdb.SetNX(ctx, claim, p.worker, parkLease).Result(); err != nil || !ok {
+	ok, err := p.rdb.SetNX(ctx, claim, p.worker, parkLease).Result()
+	if err != nil && ctx.Err() == nil {
+		if d, _ := p.booker.logGate.AllowN(context.Background(), claim, 1); d.Allowed {
+			p.log.Warn("cannot park a backlog: its workers take the tasks one by one, 3 script runs each (may the Redis user write sluice:park:*?; further failures in the next 10s are not logged)", "claim", claim, "err", err)
+		}
+	}
+	if err != nil || !ok {
 		return // another worker parks: it is asked by its own tasks
 	}
 	defer p.rdb.Del(context.WithoutCancel(ctx), claim)

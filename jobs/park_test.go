@@ -519,6 +519,33 @@ func TestParkKeptProbeComesBackInTime(t *testing.T) {
 	}
 }
 
+// TestParkerSaysWhenItCannotClaim: a worker whose Redis user may not
+// write the parker's claim (an ACL written before the parker existed)
+// cannot park a backlog: its workers take the tasks one by one, three
+// script runs each, and a fleet crawled (TestLocalPolicyFleetStart's 60
+// tasks at 1/s). It says so, naming the error, rather than nothing.
+func TestParkerSaysWhenItCannotClaim(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, "q")
+	user, password := redistest.ACLUser(t, "asynq:*", "sluice:drain:*", "sluice:wake:*", "sluice:waker:*", "sluice:backlog:*")
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), Username: user, Password: password})
+	t.Cleanup(func() { rdb.Close() })
+	var logs testkit.SyncBuffer
+	s, err := NewScheduler(rdb, asynq.RedisClientOpt{Addr: redistest.Addr(t), Username: user, Password: password},
+		Config{Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Limit: 1, Period: time.Hour, Burst: 1}}}},
+		NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	enqueueTen(t, "test:any", queue)
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(context.Background())
+	if !strings.Contains(logs.String(), "cannot park") || !strings.Contains(logs.String(), "NOPERM") {
+		t.Fatalf("the parker could not take its claim and logged: %q; want a warning naming the error", logs.String())
+	}
+}
+
 // TestParkTakesBackAQueue: two queues share a quota with room; neither
 // has had a task sent back, and one's drain is booked a second ahead.
 // Whichever the parker probes first, the other queue is parked too: its
