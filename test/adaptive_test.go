@@ -140,7 +140,9 @@ var keyedLimits = map[string]int{"d02": 2, "d03": 3, "d05": 5, "d07": 7, "d10": 
 // their limit is a 429, a lost turn and a cut (docs/known-limits.md). All
 // of them less on a machine busy with other work: 67 to 79% below 10/s in
 // a run beside a benchmark, and 2/s at 70% in a full make test run on a
-// slow machine (its end-to-end package took 335 s, not 266 to 290).
+// slow machine (its end-to-end package took 335 s, not 266 to 290): there
+// a few calls start tens of ms after their turns, and at a burst of 1 the
+// next call, on time, is a 429 (docs/known-limits.md).
 // enqueue status --keys shows each destination's learned rate, the small
 // destinations' below the large ones'; no task lost, archived, failed or
 // got through twice.
