@@ -262,6 +262,7 @@ func TestBlockAnnouncements(t *testing.T) {
 // worker finds out by a ping within a few seconds, subscribes again, and
 // receives the blocks announced from then on.
 func TestBlocksAfterSilentDeath(t *testing.T) {
+	t.Parallel() // it mostly waits: beside the package's other tests
 	ctx := context.Background()
 	rdb, proxy := redistest.ProxiedClient(t)
 	quota := redistest.Queue(t, "api")

@@ -51,6 +51,7 @@ func slotKey(queue string) string { return throttle.Key("sluice:concurrency:", "
 // ends, so that the task another worker starts once the slot is free never
 // runs beside it: at most 1 at once for a limit of 1.
 func TestSlotLapsesWhileCutOff(t *testing.T) {
+	t.Parallel() // it mostly waits: beside the package's other tests
 	queue := redistest.Queue(t, "q")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{Concurrency: 2, HoldMax: 100 * time.Millisecond},
@@ -84,6 +85,7 @@ func TestSlotLapsesWhileCutOff(t *testing.T) {
 // ended (a paused worker, a clock that jumped) takes the slot again if it
 // is free, and is stopped if another task has it; either is counted.
 func TestSlotRenewAnswers(t *testing.T) {
+	t.Parallel() // it mostly waits: beside the package's other tests
 	ctx := context.Background()
 	cases := []struct {
 		desc   string
@@ -154,6 +156,7 @@ func counterWith(t *testing.T, reg *prometheus.Registry, name string, labels map
 // and waits for its type's renews the one it took: after waiting longer
 // than the lease, it still holds it.
 func TestSlotsRenewedWhileWaiting(t *testing.T) {
+	t.Parallel() // it mostly waits: beside the package's other tests
 	ctx := context.Background()
 	// A longer lease than the other slot tests': renews come every third of
 	// it, and on a loaded machine a renew of a 300ms lease came too late.

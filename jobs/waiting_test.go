@@ -135,6 +135,7 @@ func (b *busyOnce) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // the quota for its max_block (here 2s), not ten years: the tasks run
 // again once it is over, and the quota says so.
 func TestRetryAfterClamped(t *testing.T) {
+	t.Parallel() // it mostly waits: beside the package's other tests
 	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{Concurrency: 4},
