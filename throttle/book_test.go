@@ -316,6 +316,59 @@ func TestBookPolicies(t *testing.T) {
 	}
 }
 
+// TestOneClaimPolicies: AllowN and ReserveN on a dead Redis (which skip
+// Book's machinery when Redis answers) are decided by the failure policy
+// as a Book of their one claim is: deny fails, allow lets the events
+// through uncounted, local decides on the twin, turn for turn.
+func TestOneClaimPolicies(t *testing.T) {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond, DialerRetries: 1})
+	t.Cleanup(func() { dead.Close() })
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	newDead := func(policy string) throttle.Reserver {
+		lim, err := throttle.New(dead, drainSpec, throttle.WithClock(clock), throttle.WithOnRedisError(policy, func() int { return 1 }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	for _, policy := range []string{throttle.OnRedisErrorDeny, throttle.OnRedisErrorAllow, throttle.OnRedisErrorLocal} {
+		t.Run(policy, func(t *testing.T) {
+			alone, booked := newDead(policy), newDead(policy)
+			for i := range 4 {
+				clock.Set(t0.Add(time.Duration(i) * 10 * time.Millisecond))
+				maxWait := time.Duration(i%2) * 50 * time.Millisecond
+				got, gotErr := alone.ReserveN(ctx, "q", 1, maxWait)
+				b, wantErr := throttle.Book(ctx, []throttle.Claim{{Limiter: booked, Key: "q", N: 1}}, time.Time{}, maxWait)
+				if policy == throttle.OnRedisErrorDeny {
+					if !errors.Is(gotErr, throttle.ErrRedisDenied) || !errors.Is(wantErr, throttle.ErrRedisDenied) {
+						t.Fatalf("call %d: ReserveN: %v, Book: %v; want ErrRedisDenied", i, gotErr, wantErr)
+					}
+					if _, err := alone.AllowN(ctx, "q", 1); !errors.Is(err, throttle.ErrRedisDenied) {
+						t.Fatalf("call %d: AllowN: %v; want ErrRedisDenied", i, err)
+					}
+					continue
+				}
+				if gotErr != nil || wantErr != nil {
+					t.Fatalf("call %d: ReserveN: %v, Book: %v", i, gotErr, wantErr)
+				}
+				want := b.Turns[0]
+				if !want.OK {
+					want.Delay = max(want.Delay, b.Delay)
+				}
+				if got != want || got.Fallback != policy {
+					t.Fatalf("call %d: ReserveN = %+v, Book's turn %+v; want them equal, by %s", i, got, want, policy)
+				}
+			}
+			if policy == throttle.OnRedisErrorAllow {
+				if d, err := alone.AllowN(ctx, "q", 1); err != nil || !d.Allowed {
+					t.Fatalf("AllowN = %+v, %v; want allowed", d, err)
+				}
+			}
+		})
+	}
+}
+
 // TestLocalSharesUnknown (issue 19.13): a local policy whose shares are
 // not known yet (shares returns 0) denies, as deny does; once they are
 // known, the twin admits its share (Divide: 25/s among 2 is 12/s).
