@@ -405,10 +405,12 @@ func (op *Op) notBefore() int64 {
 // reset_after, pieces}; the buckets' quick steps' (lua/bucket.lua's
 // bucket_quick, lua/book_buckets.lua) {remaining, reset_after, ref, from},
 // a booking's, its pieces "ref from to" formatted here, to = from + n in
-// the bucket's units, rather than by the server; and, for one claim only,
-// allow_window's, allow_counter's and allow_log's booking {remaining,
-// reset_after}, its pieces the instant booked. The first two have one
-// length and are told apart by the pieces' type (a string, an integer).
+// the bucket's units, rather than by the server; and {remaining,
+// reset_after}: allow_window's, allow_counter's and allow_log's booking of
+// one claim, its pieces the instant booked, and the buckets' quick
+// booking at now where every bucket was empty, its pieces "now 0 n" (in
+// units). The first two have one length and are told apart by the pieces'
+// type (a string, an integer).
 // Read straight into the Booking: this runs on every decision.
 func (op *Op) finish(cmd *redis.Cmd) {
 	reply, err := cmd.Slice()
@@ -421,10 +423,8 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	switch len(reply) {
 	case 3 + 4*k:
 		per = 4
-	case 5:
-		if k == 1 {
-			per = 2
-		}
+	case 3 + 2*k:
+		per = 2
 	}
 	if per == 0 {
 		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), k, 3+4*k)
@@ -446,7 +446,12 @@ func (op *Op) finish(cmd *redis.Cmd) {
 		if per == 2 {
 			op.Err = intsOf(v, x[:2])
 			c.Remaining, c.ResetAfter = x[0], x[1]
-			if !op.NoPieces {
+			switch a := op.Claims[i].Algorithm; {
+			case op.NoPieces:
+			case a == TokenBucket || a == LeakyBucket: // booked empty at now: ref now, from 0
+				p := op.Claims[i].Params
+				c.Pieces = joinInts(b.Now, 0, op.Claims[i].N*(p.Period/gcd(p.Limit, p.Period)))
+			default:
 				c.Pieces = strconv.FormatInt(b.At, 10)
 			}
 		} else if pieces, ok := v[3].(string); ok {
