@@ -358,8 +358,9 @@ end
 local function bucket_read(key, now, per_micro)
   local state = redis.call('GET', key)
   if not state then return now, 0, 0, 0, nil, nil, nil end
-  local head, r, last, mid, s, e = string.match(state, '^((%-?%d+) 0 1 )(%-?%d+)( (%-?%d+) )(%-?%d+)$')
-  if not r or last ~= e then return nil end
+  -- %3: the span's end is the last event's end (the form every version reads)
+  local head, r, e, mid, s = string.match(state, '^((%-?%d+) 0 1 )(%-?%d+)( (%-?%d+) )%3$')
+  if not r then return nil end
   local ref = r + 0
   local x = (now - ref) * per_micro
   e = e + 0
