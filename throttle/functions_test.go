@@ -250,85 +250,50 @@ func newOn(t *testing.T, rdb redis.UniversalClient, spec throttle.Spec, clock th
 // there as scripts, with the reservations of the in-process twin, the
 // pieces a Cancel gives back included. (Its Lua computed gcd(limit,
 // period) wrong before: a bucket of 4 per 100ms counted an event as 1 µs of
-// its time, not 25,000.)
-func TestMiniredisBuckets(t *testing.T) {
+// its time, not 25,000.) Its Lua has no struct library either: a sliding
+// counter keeps the text form there.
+func TestMiniredis(t *testing.T) {
 	ctx := context.Background()
 	mini := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mini.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket} {
+	for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket, throttle.SlidingCounter} {
 		t.Run(string(a), func(t *testing.T) {
-			spec := throttle.Spec{Algorithm: a, Limit: 4, Period: 100 * time.Millisecond, Burst: 3}
+			spec := throttle.Spec{Algorithm: a, Limit: 4, Period: 100 * time.Millisecond, Burst: 3, Windows: 5}
 			clock := testkit.NewClock(t0)
-			lim := newOn(t, rdb, spec, clock, redistest.Prefix(t))
+			prefix := redistest.Prefix(t)
+			lim := newOn(t, rdb, spec, clock, prefix)
 			local, err := throttle.NewLocal(spec, throttle.WithClock(clock))
 			if err != nil {
 				t.Fatal(err)
 			}
-			waited := 0
+			var waited, refused int
 			for i := range 40 {
 				clock.Set(t0.Add(time.Duration(i) * 10 * time.Millisecond))
-				got, err := lim.ReserveN(ctx, "k", 1, 50*time.Millisecond)
+				maxWait := time.Duration(i%2) * 50 * time.Millisecond
+				got, err := lim.ReserveN(ctx, "k", 1, maxWait)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, err := local.ReserveN(ctx, "k", 1, 50*time.Millisecond)
+				want, err := local.ReserveN(ctx, "k", 1, maxWait)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if got != want {
 					t.Fatalf("call %d: %+v, want %+v", i, got, want)
 				}
-				if got.Delay > 0 {
+				if state, err := mini.Get(throttle.Key(prefix, "k")); a == throttle.SlidingCounter && (err != nil || !strings.HasPrefix(state, "0")) {
+					t.Fatalf("call %d: state %q, %v; want the text form", i, state, err)
+				}
+				if !got.OK {
+					refused++
+				} else if got.Delay > 0 {
 					waited++
 				}
 			}
-			if waited == 0 {
-				t.Fatal("no call waited: the timeline tests too little")
+			if waited == 0 || refused == 0 {
+				t.Fatalf("%d calls waited, %d refused: the timeline tests too little", waited, refused)
 			}
 		})
-	}
-}
-
-// miniredis's Lua has no struct library: a sliding counter there keeps the
-// text form, and decides as the in-process twin.
-func TestMiniredisSlidingCounter(t *testing.T) {
-	ctx := context.Background()
-	mini := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mini.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	spec := throttle.Spec{Algorithm: throttle.SlidingCounter, Limit: 4, Period: 100 * time.Millisecond, Windows: 5}
-	clock := testkit.NewClock(t0)
-	prefix := redistest.Prefix(t)
-	lim := newOn(t, rdb, spec, clock, prefix)
-	local, err := throttle.NewLocal(spec, throttle.WithClock(clock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var waited, refused int
-	for i := range 40 {
-		clock.Set(t0.Add(time.Duration(i) * 10 * time.Millisecond))
-		got, err := lim.ReserveN(ctx, "k", 1, time.Duration(i%2)*50*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := local.ReserveN(ctx, "k", 1, time.Duration(i%2)*50*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got != want {
-			t.Fatalf("call %d: %+v, want %+v", i, got, want)
-		}
-		if state, err := mini.Get(throttle.Key(prefix, "k")); err != nil || !strings.HasPrefix(state, "0") {
-			t.Fatalf("call %d: state %q, %v; want the text form", i, state, err)
-		}
-		if !got.OK {
-			refused++
-		} else if got.Delay > 0 {
-			waited++
-		}
-	}
-	if waited == 0 || refused == 0 {
-		t.Fatalf("%d calls waited, %d refused: the timeline tests too little", waited, refused)
 	}
 }
