@@ -273,21 +273,28 @@ func TestBookSharedQuotaOutOfOrder(t *testing.T) {
 	}
 }
 
-// TestBookPolicies: claims whose Redis fails are decided by their
-// limiter's policy: deny fails the Book, allow lets it through uncounted,
-// local books on an in-process twin.
-func TestBookPolicies(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+// deadLimiters returns a maker of drainSpec limiters on clock, with the
+// failure policy it is given (the local one's share: all of it), on a Redis
+// that refuses every connection.
+func deadLimiters(t *testing.T, clock throttle.Clock) func(policy string) throttle.Reserver {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond, DialerRetries: 1})
 	t.Cleanup(func() { dead.Close() })
-	ctx := context.Background()
-	clock := testkit.NewClock(t0)
-	newDead := func(policy string) throttle.Limiter {
+	return func(policy string) throttle.Reserver {
 		lim, err := throttle.New(dead, drainSpec, throttle.WithClock(clock), throttle.WithOnRedisError(policy, func() int { return 1 }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return lim
 	}
+}
+
+// TestBookPolicies: claims whose Redis fails are decided by their
+// limiter's policy: deny fails the Book, allow lets it through uncounted,
+// local books on an in-process twin.
+func TestBookPolicies(t *testing.T) {
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	newDead := deadLimiters(t, clock)
 	live, err := throttle.NewLocal(quotaSpec, throttle.WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
@@ -321,17 +328,9 @@ func TestBookPolicies(t *testing.T) {
 // as a Book of their one claim is: deny fails, allow lets the events
 // through uncounted, local decides on the twin, turn for turn.
 func TestOneClaimPolicies(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond, DialerRetries: 1})
-	t.Cleanup(func() { dead.Close() })
 	ctx := context.Background()
 	clock := testkit.NewClock(t0)
-	newDead := func(policy string) throttle.Reserver {
-		lim, err := throttle.New(dead, drainSpec, throttle.WithClock(clock), throttle.WithOnRedisError(policy, func() int { return 1 }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return lim
-	}
+	newDead := deadLimiters(t, clock)
 	for _, policy := range []string{throttle.OnRedisErrorDeny, throttle.OnRedisErrorAllow, throttle.OnRedisErrorLocal} {
 		t.Run(policy, func(t *testing.T) {
 			alone, booked := newDead(policy), newDead(policy)
