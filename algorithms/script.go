@@ -37,7 +37,8 @@ type Script struct {
 	// leanFunctions are the library's functions of the lean scripts, by
 	// algorithm name, and bookBuckets its two-bucket Book: named once, not
 	// on every call.
-	leanFunctions map[string]string
+	leanFunctions map[string]any // boxed once, as allowHashes
+	allowHashes   map[string]any // the lean scripts' SHA1s
 	bookBuckets   string
 	// scriptsOnly holds the clients that run the script, not the function.
 	scriptsOnly sync.Map // redis.UniversalClient -> struct{}
@@ -47,8 +48,10 @@ func newScript(source string, allow map[string]string, library func(name string)
 	s := &Script{source: source, script: redis.NewScript(source)}
 	if allow != nil {
 		s.allow = map[string]*redis.Script{}
+		s.allowHashes = map[string]any{}
 		for name, src := range allow {
 			s.allow[name] = redis.NewScript(src)
+			s.allowHashes[name] = s.allow[name].Hash()
 		}
 	}
 	if library != nil {
@@ -58,7 +61,7 @@ func newScript(source string, allow map[string]string, library func(name string)
 		s.function = "sluice_" + hex.EncodeToString(sum[:8])
 		s.library = library(s.function)
 		s.bookBuckets = s.function + "_book_buckets"
-		s.leanFunctions = map[string]string{
+		s.leanFunctions = map[string]any{
 			FixedWindow.Name: s.function + "_window", SlidingCounter.Name: s.function + "_counter", SlidingLog.Name: s.function + "_log",
 			TokenBucket.Name: s.function + "_bucket", LeakyBucket.Name: s.function + "_bucket",
 		}
@@ -129,6 +132,10 @@ type OpClaim struct {
 	// Replaces, if not nil, is the limit this claim's replaces: a state
 	// that counts nothing takes over what it counted (TakeOver).
 	Replaces *Replaced
+	// Lean, if not nil, is NewLeanArgs of the claim's Algorithm and
+	// Params, made once for the limit: the lean script's arguments that do
+	// not change from call to call.
+	Lean *LeanArgs
 }
 
 // Replaced is a limit that another replaced (a live change), as a claim
@@ -159,9 +166,14 @@ type Op struct {
 	Slack     int64 // µs added to every TTL the script sets
 	Claims    []OpClaim
 	Remind    *Remind // book: where to note the turn, or nil
+	// NoPieces: the caller gives nothing back (AllowN), so Result's claims
+	// are left without Pieces, which would be formatted for nothing.
+	NoPieces bool
 
 	Result Booking
 	Err    error
+
+	counted [1]Counted // Result.Claims of an op of one claim: no allocation of its own
 }
 
 func (op *Op) keys() []string {
@@ -229,50 +241,94 @@ func (op *Op) lean() bool {
 	return c.GiveBack == "" && c.ID == "" && c.RecentKey == "" && c.Replaces == nil && c.Member == ""
 }
 
-// bucket tells whether op's one claim is a bucket's, whose lean script
-// takes other KEYS and ARGV (lua/allow_bucket.lua).
-func (op *Op) bucket() bool {
-	a := op.Claims[0].Algorithm
-	return a == TokenBucket || a == LeakyBucket
+// LeanArgs holds the arguments of one limit's lean script (leanArgs) that
+// do not change from call to call, boxed once: an int64 boxed as a command
+// argument allocates, on every call.
+type LeanArgs struct {
+	params []any // between the clock and the options, for n = 1
+	slack  int64
+	boxed  any // slack
+	last   any // a bucket's limit/g, the last argument; nil for the others
 }
 
-func (op *Op) leanKeys() []string {
-	if op.Claims[0].Algorithm == SlidingLog {
-		return []string{op.Claims[0].Key, op.Claims[0].Aux}
-	}
-	return []string{op.Claims[0].Key}
+// NewLeanArgs returns the lean script's arguments of a limit of a and p
+// whose TTLs are slack µs longer (see Op.Slack) that do not change from
+// call to call.
+func NewLeanArgs(a *Algorithm, p Params, slack int64) *LeanArgs {
+	return &LeanArgs{params: leanParams(a, p, 1), slack: slack, boxed: slack, last: leanLast(a, p)}
 }
 
-func (op *Op) leanArgs() []any {
-	clock := ""
-	if op.Now != Now {
-		clock = strconv.FormatInt(op.Now, 10)
+// leanLast is a bucket's last lean argument, limit/g; nil for the others.
+func leanLast(a *Algorithm, p Params) any {
+	if a == TokenBucket || a == LeakyBucket {
+		return p.Limit / gcd(p.Limit, p.Period)
 	}
-	c := op.Claims[0]
-	p := c.Params
-	if op.bucket() {
+	return nil
+}
+
+// leanParams are the lean script's arguments of a limit of a and p for n
+// events, between the clock and the options (lua/allow_*.lua).
+func leanParams(a *Algorithm, p Params, n int64) []any {
+	switch a {
+	case TokenBucket, LeakyBucket:
 		// The bucket's units, reduced here rather than in Lua on every
-		// call, burst and n in them; the last four left out where they are
-		// 0, or 1 for limit/g (as AllowN's are on Redis's clock): fewer
-		// arguments to pass and read (lua/allow_bucket.lua).
-		g := gcd(p.Limit, p.Period)
-		perEvent := p.Period / g
-		args := []any{clock, perEvent, p.Burst * perEvent, c.N * perEvent, op.Slack, op.MaxWait, op.notBefore(), p.Limit / g}
-		if args[7] == int64(1) {
-			args = args[:7]
+		// call, burst and n in them.
+		perEvent := p.Period / gcd(p.Limit, p.Period)
+		return []any{perEvent, p.Burst * perEvent, n * perEvent}
+	case FixedWindow:
+		return []any{p.Period, p.Limit - n, n}
+	case SlidingCounter:
+		return []any{p.Period / p.Windows, p.Windows, p.Limit, n}
+	}
+	return []any{p.Limit, p.Period, n} // a sliding log
+}
+
+// leanCommand is the command name (FCALL, EVALSHA or EVAL) of the lean
+// script script on op's one claim: its keys (the state's, and a sliding
+// log's aux key) and arguments, in one slice.
+func (op *Op) leanCommand(ctx context.Context, name string, script any) *redis.Cmd {
+	c := &op.Claims[0]
+	args := make([]any, 0, 15)
+	if c.Algorithm == SlidingLog {
+		args = append(args, name, script, 2, c.Key, c.Aux)
+	} else {
+		args = append(args, name, script, 1, c.Key)
+	}
+	cmd := redis.NewCmd(ctx, op.appendLeanArgs(args)...)
+	cmd.SetFirstKeyPos(3) // so that a cluster client sends it to its keys' node
+	return cmd
+}
+
+// appendLeanArgs appends the lean script's arguments of op's one claim to
+// args: the clock, the limit's parameters, then the options (TTL slack,
+// the longest wait, not before; and a bucket's limit/g), the last of them
+// left out where they are 0, or 1 for limit/g (as AllowN's are on Redis's
+// clock): fewer arguments to pass and read (lua/allow_*.lua).
+func (op *Op) appendLeanArgs(args []any) []any {
+	c := &op.Claims[0]
+	if op.Now == Now {
+		args = append(args, "")
+	} else {
+		args = append(args, op.Now)
+	}
+	var slack, last any
+	if lean := c.Lean; lean != nil && lean.slack == op.Slack {
+		if c.N == 1 {
+			args = append(args, lean.params...)
+		} else {
+			args = append(args, leanParams(c.Algorithm, c.Params, c.N)...)
 		}
-		return trimZeros(args, 4)
+		slack, last = lean.boxed, lean.last
+	} else {
+		args = append(args, leanParams(c.Algorithm, c.Params, c.N)...)
+		slack, last = op.Slack, leanLast(c.Algorithm, c.Params)
 	}
-	if c.Algorithm == FixedWindow {
-		// The last three left out where they are 0 (lua/allow_window.lua).
-		return trimZeros([]any{clock, p.Period, p.Limit - c.N, c.N, op.Slack, op.MaxWait, op.notBefore()}, 4)
+	keep := len(args) // the options after it are left out while they are 0
+	args = append(args, slack, op.MaxWait, op.notBefore())
+	if last == nil || last == int64(1) {
+		return trimZeros(args, keep)
 	}
-	if c.Algorithm == SlidingCounter {
-		// The last three left out where they are 0 (lua/allow_counter.lua).
-		return trimZeros([]any{clock, p.Period / p.Windows, p.Windows, p.Limit, c.N, op.Slack, op.MaxWait, op.notBefore()}, 5)
-	}
-	// A sliding log (lua/allow_log.lua).
-	return trimZeros([]any{clock, p.Limit, p.Period, c.N, op.Slack, op.MaxWait, op.notBefore()}, 4)
+	return append(args, last)
 }
 
 // trimZeros leaves out the zeros at the end of args after its first keep:
@@ -349,10 +405,12 @@ func (op *Op) notBefore() int64 {
 // reset_after, pieces}; the buckets' quick steps' (lua/bucket.lua's
 // bucket_quick, lua/book_buckets.lua) {remaining, reset_after, ref, from},
 // a booking's, its pieces "ref from to" formatted here, to = from + n in
-// the bucket's units, rather than by the server; and, for one claim only,
-// allow_window's, allow_counter's and allow_log's booking {remaining,
-// reset_after}, its pieces the instant booked. The first two have one
-// length and are told apart by the pieces' type (a string, an integer).
+// the bucket's units, rather than by the server; and {remaining,
+// reset_after}: allow_window's, allow_counter's and allow_log's booking of
+// one claim, its pieces the instant booked, and the buckets' quick
+// booking at now where every bucket was empty, its pieces "now 0 n" (in
+// units). The first two have one length and are told apart by the pieces'
+// type (a string, an integer).
 // Read straight into the Booking: this runs on every decision.
 func (op *Op) finish(cmd *redis.Cmd) {
 	reply, err := cmd.Slice()
@@ -365,10 +423,8 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	switch len(reply) {
 	case 3 + 4*k:
 		per = 4
-	case 5:
-		if k == 1 {
-			per = 2
-		}
+	case 3 + 2*k:
+		per = 2
 	}
 	if per == 0 {
 		op.Err = fmt.Errorf("algorithms: book script replied %d values for %d claims, want %d", len(reply), k, 3+4*k)
@@ -378,21 +434,37 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	if op.Err = intsOf(reply[:3], head[:]); op.Err != nil {
 		return
 	}
-	b := Booking{OK: head[0] >= 1, Kept: head[0] == 2, Reminded: head[0] == 3, Now: head[1], At: head[2], Claims: make([]Counted, k)}
+	b := Booking{OK: head[0] >= 1, Kept: head[0] == 2, Reminded: head[0] == 3, Now: head[1], At: head[2]}
+	if k == 1 {
+		b.Claims = op.counted[:]
+	} else {
+		b.Claims = make([]Counted, k)
+	}
 	for i := range b.Claims {
 		v, c := reply[3+per*i:3+per*(i+1)], &b.Claims[i]
 		var x [4]int64
 		if per == 2 {
 			op.Err = intsOf(v, x[:2])
-			c.Remaining, c.ResetAfter, c.Pieces = x[0], x[1], strconv.FormatInt(b.At, 10)
+			c.Remaining, c.ResetAfter = x[0], x[1]
+			switch a := op.Claims[i].Algorithm; {
+			case op.NoPieces:
+			case a == TokenBucket || a == LeakyBucket: // booked empty at now: ref now, from 0
+				p := op.Claims[i].Params
+				c.Pieces = joinInts(b.Now, 0, op.Claims[i].N*(p.Period/gcd(p.Limit, p.Period)))
+			default:
+				c.Pieces = strconv.FormatInt(b.At, 10)
+			}
 		} else if pieces, ok := v[3].(string); ok {
 			op.Err = intsOf(v[:3], x[:3])
 			c.Remaining, c.RetryAfter, c.ResetAfter, c.Pieces = x[0], x[1], x[2], pieces
 		} else {
 			op.Err = intsOf(v, x[:4])
-			p := op.Claims[i].Params
-			need := op.Claims[i].N * (p.Period / gcd(p.Limit, p.Period))
-			c.Remaining, c.ResetAfter, c.Pieces = x[0], x[1], joinInts(x[2], x[3], x[3]+need)
+			c.Remaining, c.ResetAfter = x[0], x[1]
+			if !op.NoPieces {
+				p := op.Claims[i].Params
+				need := op.Claims[i].N * (p.Period / gcd(p.Limit, p.Period))
+				c.Pieces = joinInts(x[2], x[3], x[3]+need)
+			}
 		}
 		if op.Err != nil {
 			return
@@ -429,7 +501,13 @@ func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op)
 		s.runScripts(ctx, rdb, ops)
 		return
 	}
-	cmds := send(ctx, rdb, ops, s.fcall)
+	s.settle(ctx, rdb, ops, send(ctx, rdb, ops, s.fcall))
+}
+
+// settle sets the outcome of the ops whose FCALLs cmds are, sending again
+// those that found the function missing or functions refused, which did
+// not run.
+func (s *Script) settle(ctx context.Context, rdb redis.UniversalClient, ops []*Op, cmds []*redis.Cmd) {
 	var missing, noFunctions []*Op
 	for i, cmd := range cmds {
 		switch err := cmd.Err(); {
@@ -463,6 +541,28 @@ func (s *Script) Run(ctx context.Context, rdb redis.UniversalClient, ops ...*Op)
 	}
 	for i, cmd := range send(ctx, rdb, missing, s.fcall) {
 		missing[i].finish(cmd)
+	}
+}
+
+// RunOne is Run of one op, without Run's slices: the path of every call
+// that is not pipelined.
+func (s *Script) RunOne(ctx context.Context, rdb redis.UniversalClient, op *Op) {
+	_, scripts := s.scriptsOnly.Load(rdb)
+	scripts = scripts || s.function == ""
+	var cmd *redis.Cmd
+	if scripts {
+		cmd = s.evalsha(ctx, op)
+	} else {
+		cmd = s.fcall(ctx, op)
+	}
+	_ = rdb.Process(ctx, onceCmd{cmd}) // the error is in the cmd
+	switch err := cmd.Err(); {
+	case err == nil:
+		op.finish(cmd)
+	case scripts:
+		s.settleScripts(ctx, rdb, []*Op{op}, []*redis.Cmd{cmd})
+	default:
+		s.settle(ctx, rdb, []*Op{op}, []*redis.Cmd{cmd})
 	}
 }
 
@@ -517,7 +617,13 @@ func (s *Script) loadLibrary(ctx context.Context, rdb redis.UniversalClient, ops
 // runScripts runs ops by EVALSHA, and by EVAL those that find the script
 // cache empty.
 func (s *Script) runScripts(ctx context.Context, rdb redis.UniversalClient, ops []*Op) {
-	cmds := send(ctx, rdb, ops, s.evalsha)
+	s.settleScripts(ctx, rdb, ops, send(ctx, rdb, ops, s.evalsha))
+}
+
+// settleScripts sets the outcome of the ops whose EVALSHAs cmds are,
+// running by EVAL those that found the script cache empty, which did not
+// run.
+func (s *Script) settleScripts(ctx context.Context, rdb redis.UniversalClient, ops []*Op, cmds []*redis.Cmd) {
 	var uncached []*Op
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
@@ -557,7 +663,7 @@ func send(ctx context.Context, rdb redis.UniversalClient, ops []*Op, call func(c
 
 func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
-		return command(ctx, "fcall", s.leanFunctions[op.Claims[0].Algorithm.Name], op.leanKeys(), op.leanArgs())
+		return op.leanCommand(ctx, "fcall", s.leanFunctions[op.Claims[0].Algorithm.Name])
 	}
 	if s.allow != nil && op.bookBuckets() {
 		return command(ctx, "fcall", s.bookBuckets, op.bookBucketsKeys(), op.bookBucketsArgs())
@@ -567,7 +673,7 @@ func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
 
 func (s *Script) evalsha(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
-		return command(ctx, "evalsha", s.allow[op.Claims[0].Algorithm.Name].Hash(), op.leanKeys(), op.leanArgs())
+		return op.leanCommand(ctx, "evalsha", s.allowHashes[op.Claims[0].Algorithm.Name])
 	}
 	return command(ctx, "evalsha", s.Hash(), op.keys(), op.args())
 }
@@ -575,7 +681,7 @@ func (s *Script) evalsha(ctx context.Context, op *Op) *redis.Cmd {
 func (s *Script) eval(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
 		// redis.Script keeps its source unexported: it is the lean source.
-		return command(ctx, "eval", lua.Allow[op.Claims[0].Algorithm.Name], op.leanKeys(), op.leanArgs())
+		return op.leanCommand(ctx, "eval", lua.Allow[op.Claims[0].Algorithm.Name])
 	}
 	return command(ctx, "eval", s.source, op.keys(), op.args())
 }

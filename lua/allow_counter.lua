@@ -1,10 +1,16 @@
 -- allow_counter: a sliding counter's AllowN or ReserveN (as allow_limit.lua's),
 -- with the fewest keys and arguments, and a quick decision on the states
--- most calls find: none, or no block and the events booked in or after
--- the last sub-window with events. It writes the state back as it read
--- it, less the sub-windows trimmed, with the last count changed or one
--- appended, where new_counter's save formats every count. Any other state
--- goes to new_counter (allow_limit).
+-- most calls find: none, or one in the cumulative form (counter.lua) not
+-- blocked past start, with no events after start's sub-window. It reads
+-- only the numbers the decision needs (the block, the sub-windows trimmed,
+-- the first kept and the last: the events of a run of sub-windows are the
+-- difference of two running totals), and writes the state back as it read
+-- it, less the sub-windows trimmed, with the last total changed or one
+-- sub-window appended. A call that must wait or is refused reads every
+-- kept sub-window. Any other state (the text form of earlier versions, a
+-- block, events booked before the last sub-window, or no struct library)
+-- goes to new_sliding_counter (allow_limit), which writes the cumulative
+-- form where it can.
 --
 -- KEYS[1] -> the state key (its aux key, unused, is KEYS[1] .. ':b')
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
@@ -23,40 +29,57 @@ local slack, max_wait, start = lean_options(6, now)
 
 local function slow()
   local p = {limit = limit, period = sub * windows, burst = limit, windows = windows, n = n, member = ''}
-  return allow_limit(new_counter(KEYS[1], KEYS[1] .. ':b', p), now, start, max_wait, slack)
+  return allow_limit(new_sliding_counter(KEYS[1], KEYS[1] .. ':b', p), now, start, max_wait, slack)
 end
 
 local key = KEYS[1]
 local state = redis.call('GET', key)
-local first, last = 1, nil -- first: the state's first kept pair; last: the last index
-local v
+-- The cumulative form's numbers at byte pos and after: b, base, then pairs
+-- (index, running total) of 16 bytes from byte 18 on.
+local size, b, base, j, t = 0, 0, 0, nil, nil -- j, t: the pair at pos
 if state then
-  if string.sub(state, 1, 2) ~= '0,' and state ~= '0' then return slow() end
-  v = cjson.decode('[' .. state .. ']')
-  local oldest = floordiv(now, sub) - windows
-  for j = 2, #v - 1, 2 do
-    if v[j] > oldest then break end
-    first = j + 2
-  end
-  if first < #v then last = v[#v - 1] end
-end
-
--- kept returns the state as read, less the pairs trimmed.
-local function kept()
-  if not last then return '0' end
-  local from = 3 -- after "0,"
-  for _ = 2, first - 1 do from = string.find(state, ',', from, true) + 1 end
-  return '0,' .. string.sub(state, from)
-end
-
--- save writes the state as read, less the pairs trimmed, with n more in
--- sub-window k (the last or after it), and returns its reset_after.
-local function save(k, count)
-  local out = kept()
-  if k == last then
-    out = string.match(out, '^(.*,)') .. string.format('%d', count)
+  if state < ':' then return slow() end -- the text form
+  size = #state
+  if size == 17 then
+    b, base = struct.unpack('<dd', state, 2)
   else
-    out = out .. string.format(',%d,', k) .. ARGV[5]
+    b, base, j, t = struct.unpack('<dddd', state, 2)
+  end
+  if b > start then return slow() end
+elseif not rawget(_G, 'struct') then -- (a global that is not there is an error)
+  return slow() -- miniredis, whose Lua has no struct: the text form
+end
+
+-- Trimmed: the sub-windows that slid out by now. kept is the byte of the
+-- first pair kept, kept_base the running total before it.
+local pos = 18
+local oldest = floordiv(now, sub) - windows
+while j and j <= oldest do
+  base, pos = t, pos + 16
+  if pos < size then j, t = struct.unpack('<dd', state, pos) else j = nil end
+end
+local kept, kept_base = pos, base
+-- The last sub-window with events (nil: none kept), and the total up to it.
+local last, top = nil, base
+if j then
+  if pos + 16 > size then last, top = j, t else last, top = struct.unpack('<dd', state, size - 15) end
+end
+
+-- write saves the state as read, less the pairs trimmed, with sub-window
+-- k (the last or after it) at running total total, and returns its
+-- reset_after.
+local function write(k, total)
+  local out
+  if k == last and kept == 18 then
+    out = string.sub(state, 1, -9) .. struct.pack('<d', total)
+  elseif k == last then
+    out = COUNTER_CUMULATIVE .. struct.pack('<dd', b, kept_base) .. string.sub(state, kept, -9) .. struct.pack('<d', total)
+  elseif state and kept == 18 then
+    out = state .. struct.pack('<dd', k, total)
+  elseif state then
+    out = COUNTER_CUMULATIVE .. struct.pack('<dd', b, kept_base) .. string.sub(state, kept) .. struct.pack('<dd', k, total)
+  else
+    out = COUNTER_CUMULATIVE .. struct.pack('<dddd', 0, 0, k, total)
   end
   local reset = (k + windows) * sub - now
   redis.call('PSETEX', key, string.format('%d', ceildiv(reset + slack, 1000)), out)
@@ -64,27 +87,30 @@ local function save(k, count)
 end
 
 -- The quick decision most calls find: nothing counted after start's
--- sub-window, so the windows that hold it count no more than the one that
--- ends there, and there is room in that one. (Else the general search.)
+-- sub-window i, so the windows that hold it count no more than the one that
+-- ends there (the running total at the last less the one before that
+-- window), and there is room in that one. (Else the general search.)
 local i = floordiv(start, sub)
 if start - now <= max_wait and (not last or last <= i) then
-  local total = 0
-  if last then
-    for j = #v - 1, first, -2 do
-      if v[j] <= i - windows then break end
-      total = total + v[j + 1]
-    end
+  local before = base -- the running total before sub-window i - windows + 1
+  while j and j <= i - windows do
+    before, pos = t, pos + 16
+    if pos < size then j, t = struct.unpack('<dd', state, pos) else j = nil end
   end
+  local total = top - before
   if total + n <= limit then
-    local count = n
-    if i == last then count = v[#v] + n end
-    return {1, now, start, limit - total - n, save(i, count)}
+    return {1, now, start, limit - total - n, write(i, top + n)}
   end
 end
 
+-- The general search (as new_counter's), on the kept sub-windows' counts.
 local counts = {}
-if v then
-  for j = math.max(first, 2), #v - 1, 2 do counts[v[j]] = v[j + 1] end
+if last then
+  local v, prev = counter_cumulative_nums(state, kept), kept_base
+  for x = 1, #v - 1, 2 do
+    counts[v[x]] = v[x + 1] - prev
+    prev = v[x + 1]
+  end
 end
 
 -- As new_counter's runs.
@@ -116,13 +142,14 @@ if at - now > max_wait then
   local left, reset = 0, 0
   if start == now then left = math.max(0, limit - runs(floordiv(now, sub), limit)) end
   if last then reset = math.max(0, (last + windows) * sub - now) end
-  if first > 2 then -- as new_counter's save of what trimming changed
-    redis.call('SET', key, kept(), 'PX', string.format('%d', math.max(1, ceildiv(reset + slack, 1000))))
+  if kept > 18 then -- as new_counter's save of what trimming changed
+    redis.call('SET', key, COUNTER_CUMULATIVE .. struct.pack('<dd', b, kept_base) .. string.sub(state, kept), 'PX',
+      string.format('%d', math.max(1, ceildiv(reset + slack, 1000))))
   end
   return {0, now, at, left, at - now, math.max(start - now, reset), ''}
 end
 local k = floordiv(at, sub)
 if last and k < last then return slow() end -- booked before the last sub-window
 counts[k] = (counts[k] or 0) + n
-local reset = save(k, counts[k])
+local reset = write(k, top + n)
 return {1, now, at, math.max(0, limit - runs(k, limit)), reset}

@@ -40,7 +40,7 @@
 --            has passed. block: at is until when.
 
 local constructors = {
-  fixed_window = new_counter, sliding_counter = new_counter,
+  fixed_window = new_counter, sliding_counter = new_sliding_counter,
   sliding_log = new_sliding_log,
   token_bucket = new_bucket, leaky_bucket = new_bucket,
   fair_share = new_fair,

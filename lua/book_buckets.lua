@@ -18,7 +18,9 @@
 -- Output  -> book.lua's; a booking's claims without retry_after (0) and
 --            with their pieces as two integers each, ref and from, not
 --            the string "ref from to" (to is from + n, in units):
---            {1, now, at, then per claim remaining, reset_after, ref, from}
+--            {1, now, at, then per claim remaining, reset_after, ref, from};
+--            where both buckets were empty and are booked at now, {1, now,
+--            at, then per claim remaining, reset_after} (refs now, froms 0)
 --
 -- Two claims in locals, not a table each: reading a table's fields cost
 -- more than the rest of the decision.
@@ -97,6 +99,9 @@ if z2 < 0 then z2 = 0 end
 local reset1, reset2 = e1 - y1, e2 - y2
 if pm1 ~= 1 then reset1 = ceildiv(reset1, pm1) end
 if pm2 ~= 1 then reset2 = ceildiv(reset2, pm2) end
+if c1 == 0 and c2 == 0 and at == now then -- refs now and froms 0: four values fewer
+  return {1, now, at, floordiv(w1 - z1, pe1), reset1, floordiv(w2 - z2, pe2), reset2}
+end
 return {1, now, at,
   floordiv(w1 - z1, pe1), at - now + reset1, r1, from1,
   floordiv(w2 - z2, pe2), at - now + reset2, r2, from2}

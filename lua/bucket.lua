@@ -358,8 +358,9 @@ end
 local function bucket_read(key, now, per_micro)
   local state = redis.call('GET', key)
   if not state then return now, 0, 0, 0, nil, nil, nil end
-  local head, r, last, mid, s, e = string.match(state, '^((%-?%d+) 0 1 )(%-?%d+)( (%-?%d+) )(%-?%d+)$')
-  if not r or last ~= e then return nil end
+  -- %3: the span's end is the last event's end (the form every version reads)
+  local head, r, e, mid, s = string.match(state, '^((%-?%d+) 0 1 )(%-?%d+)( (%-?%d+) )%3$')
+  if not r then return nil end
   local ref = r + 0
   local x = (now - ref) * per_micro
   e = e + 0
@@ -437,7 +438,9 @@ end
 -- now, at, remaining, reset_after, ref, from}: no retry_after (0), and its
 -- pieces, "ref from to", as ref and from, which algorithms formats with to
 -- = from + need: formatting numbers costs the server more than the rest of
--- the decision, and each value of a reply costs it too.
+-- the decision, and each value of a reply costs it too (about 1,000
+-- instructions): an empty bucket booked at now replies {1, now, at,
+-- remaining, reset_after}, its ref now and from 0.
 local function bucket_quick(key, now, per_micro, per_event, window, need, start, max_wait, slack, now_text, need_text)
   local ref, s, e, count, head, mid, state = bucket_read(key, now, per_micro)
   if not ref then return nil end
@@ -476,5 +479,8 @@ local function bucket_quick(key, now, per_micro, per_event, window, need, start,
   local free = window - taken
   local r = free % per_event
   if r < 0 then r = r + per_event elseif r >= per_event then r = r - per_event end
+  if count == 0 and at == now then -- ref is now and from 0: two values fewer
+    return {1, now, at, (free - r) / per_event, reset}
+  end
   return {1, now, at, (free - r) / per_event, at - now + reset, ref, e0}
 end

@@ -4,19 +4,55 @@
 -- each run holds at most limit. Mirrors CounterState in
 -- algorithms/counter.go.
 --
--- state -> string "b,i1,c1,i2,c2,...": µs until which the key is blocked
---          (0: not), then each sub-window with events: its index
---          (time µs // (period / windows)) and its events, by index (read
---          with spaces for commas too, as versions before wrote it; they
---          read commas alike)
+-- state -> a fixed window's, and a sliding counter's where Lua has no
+--          struct library (miniredis): string "b,i1,c1,i2,c2,...": µs
+--          until which the key is blocked (0: not), then each sub-window
+--          with events: its index (time µs // (period / windows)) and its
+--          events, by index (read with spaces for commas too, as versions
+--          before wrote it; they read commas alike)
+--          a sliding counter's (the cumulative form): COUNTER_CUMULATIVE,
+--          then doubles (struct '<d', exact below 2^53): b, a running total
+--          base, then each sub-window with events, by index: its index and
+--          the running total up to and including it (its events: that less
+--          the total before it, base for the first). struct.unpack reads
+--          the numbers a decision needs in one call each, at fixed offsets
+--          from either end (cjson's parse of the text form was a quarter of
+--          a decision); earlier versions read only the text form (see
+--          docs/throttle.md on upgrading).
 -- aux   -> unused
 
-local function new_counter(key, _, p)
+-- COUNTER_CUMULATIVE starts the cumulative form: above '9', where the
+-- text form starts with a digit or '-', so that `state >= ':'` tells them
+-- apart without a call of a C function.
+local COUNTER_CUMULATIVE = 'c'
+
+-- counter_cumulative_nums returns the numbers of a state in the cumulative
+-- form from byte pos on (2: all of them), in chunks: struct.unpack returns
+-- its numbers on Lua's stack, which holds some thousands.
+local function counter_cumulative_nums(state, pos)
+  local v, left = {}, (#state + 1 - pos) / 8
+  while left > 0 do
+    local k = left
+    if k > 512 then k = 512 end
+    local chunk = {struct.unpack('<' .. string.rep('d', k), state, pos)}
+    for j = 1, k do v[#v + 1] = chunk[j] end
+    pos, left = chunk[k + 1], left - k
+  end
+  return v
+end
+
+-- new_counter builds a counter on key; cumulative: it writes the
+-- cumulative form (it reads both).
+local function new_counter(key, _, p, cumulative)
   local sub, windows, n = p.period / p.windows, p.windows, p.n
   local self = {blocked = 0}
   local counts = {}
   local state = redis.call('GET', key)
-  if state then
+  if state and state >= ':' then
+    local v = counter_cumulative_nums(state, 2)
+    self.blocked = v[1]
+    for i = 3, #v - 1, 2 do counts[v[i]] = v[i + 1] - v[i - 1] end
+  elseif state then
     local v = list_nums(state)
     self.blocked = v[1]
     for i = 2, #v - 1, 2 do counts[v[i]] = v[i + 1] end
@@ -113,6 +149,15 @@ local function new_counter(key, _, p)
     local indexes = {}
     for i in pairs(counts) do indexes[#indexes + 1] = i end
     table.sort(indexes)
+    if cumulative then
+      local parts, total = {COUNTER_CUMULATIVE, struct.pack('<dd', self.blocked, 0)}, 0
+      for _, i in ipairs(indexes) do
+        total = total + counts[i]
+        parts[#parts + 1] = struct.pack('<dd', i, total)
+      end
+      redis.call('SET', key, table.concat(parts), 'PX', ttl)
+      return
+    end
     local parts = {string.format('%d', self.blocked)}
     for _, i in ipairs(indexes) do
       parts[#parts + 1] = string.format('%d,%d', i, counts[i])
@@ -121,4 +166,11 @@ local function new_counter(key, _, p)
   end
 
   return self
+end
+
+-- new_sliding_counter builds a sliding counter on key: new_counter, which
+-- writes the cumulative form where Lua has struct (Redis; not miniredis,
+-- where reading a global that is not there is an error, as on Redis).
+local function new_sliding_counter(key, aux, p)
+  return new_counter(key, aux, p, rawget(_G, 'struct') ~= nil)
 end

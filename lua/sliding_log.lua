@@ -14,6 +14,10 @@
 -- it (nil: asked).
 local function log_add(key, at_text, n, size)
   local seq, added = size or redis.call('ZCARD', key), 0
+  if n == 1 then -- most calls: no table of arguments to build and unpack
+    added = redis.call('ZADD', key, 'NX', at_text, at_text .. ':' .. (seq + 1))
+    seq = seq + 1
+  end
   while added < n do
     local args = {}
     for _ = 1, math.min(n - added, 100) do

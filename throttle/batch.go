@@ -67,14 +67,14 @@ type waitingOp struct {
 func (b *batcher) do(ctx context.Context, op *algorithms.Op) error {
 	if b.maxInFlight == 0 {
 		// Nothing is counted or queued: no lock for every caller to take.
-		algorithms.BookScript.Run(ctx, b.rdb, op)
+		algorithms.BookScript.RunOne(ctx, b.rdb, op)
 		return nil
 	}
 	b.mu.Lock()
 	if b.inFlight < b.maxInFlight {
 		b.inFlight++
 		b.mu.Unlock()
-		algorithms.BookScript.Run(ctx, b.rdb, op)
+		algorithms.BookScript.RunOne(ctx, b.rdb, op)
 		if batch := b.handOff(); batch != nil {
 			// The calls that queued meanwhile go on without this caller.
 			go b.drain(context.WithoutCancel(ctx), batch)

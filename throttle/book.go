@@ -245,7 +245,12 @@ func groupsOf(parts []*part) []*group {
 // local moves it to its limiter's local twin, where s runs again.
 func (g *group) run(ctx context.Context, s *step) error {
 	s.parts = g.parts
-	err := g.site.run(ctx, s)
+	return g.recover(ctx, s, g.site.run(ctx, s))
+}
+
+// recover is run's answer to err, its site's failure (nil: none): each
+// part's failure policy.
+func (g *group) recover(ctx context.Context, s *step, err error) error {
 	if err == nil || ctx.Err() != nil || errors.Is(err, ErrInvalidCost) || errors.Is(err, ErrMisuse) {
 		return err
 	}

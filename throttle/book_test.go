@@ -273,21 +273,28 @@ func TestBookSharedQuotaOutOfOrder(t *testing.T) {
 	}
 }
 
-// TestBookPolicies: claims whose Redis fails are decided by their
-// limiter's policy: deny fails the Book, allow lets it through uncounted,
-// local books on an in-process twin.
-func TestBookPolicies(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+// deadLimiters returns a maker of drainSpec limiters on clock, with the
+// failure policy it is given (the local one's share: all of it), on a Redis
+// that refuses every connection.
+func deadLimiters(t *testing.T, clock throttle.Clock) func(policy string) throttle.Reserver {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond, DialerRetries: 1})
 	t.Cleanup(func() { dead.Close() })
-	ctx := context.Background()
-	clock := testkit.NewClock(t0)
-	newDead := func(policy string) throttle.Limiter {
+	return func(policy string) throttle.Reserver {
 		lim, err := throttle.New(dead, drainSpec, throttle.WithClock(clock), throttle.WithOnRedisError(policy, func() int { return 1 }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return lim
 	}
+}
+
+// TestBookPolicies: claims whose Redis fails are decided by their
+// limiter's policy: deny fails the Book, allow lets it through uncounted,
+// local books on an in-process twin.
+func TestBookPolicies(t *testing.T) {
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	newDead := deadLimiters(t, clock)
 	live, err := throttle.NewLocal(quotaSpec, throttle.WithClock(clock))
 	if err != nil {
 		t.Fatal(err)
@@ -313,6 +320,51 @@ func TestBookPolicies(t *testing.T) {
 	}
 	if fmt.Sprint(ats) != "[0s 40ms 80ms]" {
 		t.Fatalf("turns on the local twin of 25/s: %v, want [0s 40ms 80ms]", ats)
+	}
+}
+
+// TestOneClaimPolicies: AllowN and ReserveN on a dead Redis (which skip
+// Book's machinery when Redis answers) are decided by the failure policy
+// as a Book of their one claim is: deny fails, allow lets the events
+// through uncounted, local decides on the twin, turn for turn.
+func TestOneClaimPolicies(t *testing.T) {
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	newDead := deadLimiters(t, clock)
+	for _, policy := range []string{throttle.OnRedisErrorDeny, throttle.OnRedisErrorAllow, throttle.OnRedisErrorLocal} {
+		t.Run(policy, func(t *testing.T) {
+			alone, booked := newDead(policy), newDead(policy)
+			for i := range 4 {
+				clock.Set(t0.Add(time.Duration(i) * 10 * time.Millisecond))
+				maxWait := time.Duration(i%2) * 50 * time.Millisecond
+				got, gotErr := alone.ReserveN(ctx, "q", 1, maxWait)
+				b, wantErr := throttle.Book(ctx, []throttle.Claim{{Limiter: booked, Key: "q", N: 1}}, time.Time{}, maxWait)
+				if policy == throttle.OnRedisErrorDeny {
+					if !errors.Is(gotErr, throttle.ErrRedisDenied) || !errors.Is(wantErr, throttle.ErrRedisDenied) {
+						t.Fatalf("call %d: ReserveN: %v, Book: %v; want ErrRedisDenied", i, gotErr, wantErr)
+					}
+					if _, err := alone.AllowN(ctx, "q", 1); !errors.Is(err, throttle.ErrRedisDenied) {
+						t.Fatalf("call %d: AllowN: %v; want ErrRedisDenied", i, err)
+					}
+					continue
+				}
+				if gotErr != nil || wantErr != nil {
+					t.Fatalf("call %d: ReserveN: %v, Book: %v", i, gotErr, wantErr)
+				}
+				want := b.Turns[0]
+				if !want.OK {
+					want.Delay = max(want.Delay, b.Delay)
+				}
+				if got != want || got.Fallback != policy {
+					t.Fatalf("call %d: ReserveN = %+v, Book's turn %+v; want them equal, by %s", i, got, want, policy)
+				}
+			}
+			if policy == throttle.OnRedisErrorAllow {
+				if d, err := alone.AllowN(ctx, "q", 1); err != nil || !d.Allowed {
+					t.Fatalf("AllowN = %+v, %v; want allowed", d, err)
+				}
+			}
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package throttle_test
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"regexp"
 	"strings"
@@ -17,49 +18,136 @@ import (
 	"github.com/sluicehq/sluice/throttle"
 )
 
-// A counter's state as versions before functions wrote it (its numbers
-// between spaces, not commas) is read as the state written now: the same
-// decisions, call for call, as a limit whose state was never rewritten.
+// A fixed window's state as versions before functions wrote it (its
+// numbers between spaces, not commas) is read as the state written now:
+// the same decisions, call for call, as a limit whose state was never
+// rewritten.
 func TestCounterStateOfEarlierVersions(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Client(t)
-	for _, a := range []throttle.Algorithm{throttle.FixedWindow, throttle.SlidingCounter} {
-		t.Run(string(a), func(t *testing.T) {
-			spec := throttle.Spec{Algorithm: a, Limit: 5, Period: time.Second, Windows: 5}
+	spec := throttle.Spec{Algorithm: throttle.FixedWindow, Limit: 5, Period: time.Second}
+	clock := testkit.NewClock(t0)
+	prefix := redistest.Prefix(t)
+	rewritten, fresh := newOn(t, rdb, spec, clock, prefix+"rewritten:"), newOn(t, rdb, spec, clock, prefix+"fresh:")
+	var rewrites, denied int
+	for i := range 40 {
+		clock.Set(t0.Add(time.Duration(i) * 130 * time.Millisecond))
+		keys, err := rdb.Keys(ctx, prefix+"rewritten:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			state, err := rdb.Get(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(state, ",") {
+				rewrites++
+			}
+			if err := rdb.SetArgs(ctx, k, strings.ReplaceAll(state, ",", " "), redis.SetArgs{KeepTTL: true}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, want := allow(t, rewritten, "k", 1), allow(t, fresh, "k", 1)
+		if got != want {
+			t.Fatalf("call %d at +%v: %+v on the state rewritten with spaces, %+v on the one as written", i, clock.Now().Sub(t0), got, want)
+		}
+		if !got.Allowed {
+			denied++
+		}
+	}
+	if rewrites < 20 || denied == 0 {
+		t.Fatalf("%d states with counts rewritten, %d calls denied: the timeline tests too little", rewrites, denied)
+	}
+}
+
+// earlierSlidingCounter is the sliding counter's lean script of the last
+// version that wrote the text form "b,i1,c1,..." (with commas; versions
+// before functions wrote spaces).
+//
+//go:embed testdata/allow_counter_5e0f030.lua
+var earlierSlidingCounter string
+
+// A sliding counter's state written by an earlier version (the text form,
+// by that version's own script, with commas and rewritten with spaces) is
+// read after the upgrade, and rewritten in the cumulative form: the same
+// decisions, call for call, as the in-process twin, whichever call of the
+// timeline the upgrade comes at, on the FCALL and EVALSHA paths. The
+// timelines mix AllowN and ReserveN (turns booked sub-windows ahead), so
+// that the states upgraded hold sub-windows trimmed, kept and ahead.
+func TestSlidingCounterStateOfEarlierVersions(t *testing.T) {
+	ctx := context.Background()
+	functions, scripts := redistest.Client(t), redistest.Client(t)
+	algorithms.BookScript.ScriptsOnly(scripts)
+	earlier := redis.NewScript(earlierSlidingCounter)
+	spec := throttle.Spec{Algorithm: throttle.SlidingCounter, Limit: 5, Period: time.Second, Windows: 5}
+	const calls = 30
+	for _, rdb := range []*redis.Client{functions, scripts} {
+		var upgraded, denied, ahead int
+		for upgrade := range calls {
 			clock := testkit.NewClock(t0)
 			prefix := redistest.Prefix(t)
-			rewritten, fresh := newOn(t, rdb, spec, clock, prefix+"rewritten:"), newOn(t, rdb, spec, clock, prefix+"fresh:")
-			var rewrites, denied int
-			for i := range 40 {
+			lim := newOn(t, rdb, spec, clock, prefix)
+			twin, err := throttle.NewLocal(spec, throttle.WithClock(clock))
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := throttle.Key(prefix, "k")
+			for i := range calls {
 				clock.Set(t0.Add(time.Duration(i) * 130 * time.Millisecond))
-				keys, err := rdb.Keys(ctx, prefix+"rewritten:*").Result()
+				n, maxWait := 1+i%2, time.Duration(0)
+				if i%3 == 2 {
+					maxWait = 700 * time.Millisecond
+				}
+				want, err := twin.ReserveN(ctx, "k", n, maxWait)
 				if err != nil {
 					t.Fatal(err)
 				}
-				for _, k := range keys {
-					state, err := rdb.Get(ctx, k).Result()
+				if !want.OK {
+					denied++
+				} else if want.Delay > 0 {
+					ahead++
+				}
+				if i < upgrade {
+					// The earlier version's AllowN or ReserveN: its lean
+					// script's KEYS and ARGV (now, sub-window, windows, limit,
+					// n, TTL slack, the longest wait).
+					reply, err := earlier.Run(ctx, rdb, []string{key}, clock.Now().UnixMicro(), int64(200_000), 5, 5, n, time.Minute.Microseconds(), maxWait.Microseconds()).Slice()
 					if err != nil {
 						t.Fatal(err)
 					}
-					if strings.Contains(state, ",") {
-						rewrites++
+					if ok, at := reply[0] == int64(1), reply[2].(int64); ok != want.OK || ok && at != want.At.UnixMicro() {
+						t.Fatalf("upgrade at call %d: call %d by the earlier version: %v, want %+v", upgrade, i, reply, want)
 					}
-					if err := rdb.SetArgs(ctx, k, strings.ReplaceAll(state, ",", " "), redis.SetArgs{KeepTTL: true}).Err(); err != nil {
-						t.Fatal(err)
+					if upgrade%2 == 1 {
+						state, err := rdb.Get(ctx, key).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if err := rdb.SetArgs(ctx, key, strings.ReplaceAll(state, ",", " "), redis.SetArgs{KeepTTL: true}).Err(); err != nil {
+							t.Fatal(err)
+						}
 					}
+					continue
 				}
-				got, want := allow(t, rewritten, "k", 1), allow(t, fresh, "k", 1)
+				got, err := lim.ReserveN(ctx, "k", n, maxWait)
+				if err != nil {
+					t.Fatal(err)
+				}
 				if got != want {
-					t.Fatalf("call %d at +%v: %+v on the state rewritten with spaces, %+v on the one as written", i, clock.Now().Sub(t0), got, want)
+					t.Fatalf("upgrade at call %d: call %d: %+v, want %+v", upgrade, i, got, want)
 				}
-				if !got.Allowed {
-					denied++
+				if state, err := rdb.Get(ctx, key).Result(); err != nil || !strings.HasPrefix(state, "c") {
+					t.Fatalf("upgrade at call %d: call %d left %q, %v; want the cumulative form", upgrade, i, state, err)
+				}
+				if i == upgrade {
+					upgraded++
 				}
 			}
-			if rewrites < 20 || denied == 0 {
-				t.Fatalf("%d states with counts rewritten, %d calls denied: the timeline tests too little", rewrites, denied)
-			}
-		})
+		}
+		if upgraded < calls-1 || denied < calls || ahead < calls {
+			t.Fatalf("%d upgrades, %d calls refused, %d booked ahead: the timelines test too little", upgraded, denied, ahead)
+		}
 	}
 }
 
@@ -162,41 +250,49 @@ func newOn(t *testing.T, rdb redis.UniversalClient, spec throttle.Spec, clock th
 // there as scripts, with the reservations of the in-process twin, the
 // pieces a Cancel gives back included. (Its Lua computed gcd(limit,
 // period) wrong before: a bucket of 4 per 100ms counted an event as 1 µs of
-// its time, not 25,000.)
-func TestMiniredisBuckets(t *testing.T) {
+// its time, not 25,000.) Its Lua has no struct library either: a sliding
+// counter keeps the text form there.
+func TestMiniredis(t *testing.T) {
 	ctx := context.Background()
 	mini := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mini.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket} {
+	for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket, throttle.SlidingCounter} {
 		t.Run(string(a), func(t *testing.T) {
-			spec := throttle.Spec{Algorithm: a, Limit: 4, Period: 100 * time.Millisecond, Burst: 3}
+			spec := throttle.Spec{Algorithm: a, Limit: 4, Period: 100 * time.Millisecond, Burst: 3, Windows: 5}
 			clock := testkit.NewClock(t0)
-			lim := newOn(t, rdb, spec, clock, redistest.Prefix(t))
+			prefix := redistest.Prefix(t)
+			lim := newOn(t, rdb, spec, clock, prefix)
 			local, err := throttle.NewLocal(spec, throttle.WithClock(clock))
 			if err != nil {
 				t.Fatal(err)
 			}
-			waited := 0
+			var waited, refused int
 			for i := range 40 {
 				clock.Set(t0.Add(time.Duration(i) * 10 * time.Millisecond))
-				got, err := lim.ReserveN(ctx, "k", 1, 50*time.Millisecond)
+				maxWait := time.Duration(i%2) * 50 * time.Millisecond
+				got, err := lim.ReserveN(ctx, "k", 1, maxWait)
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, err := local.ReserveN(ctx, "k", 1, 50*time.Millisecond)
+				want, err := local.ReserveN(ctx, "k", 1, maxWait)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if got != want {
 					t.Fatalf("call %d: %+v, want %+v", i, got, want)
 				}
-				if got.Delay > 0 {
+				if state, err := mini.Get(throttle.Key(prefix, "k")); a == throttle.SlidingCounter && (err != nil || !strings.HasPrefix(state, "0")) {
+					t.Fatalf("call %d: state %q, %v; want the text form", i, state, err)
+				}
+				if !got.OK {
+					refused++
+				} else if got.Delay > 0 {
 					waited++
 				}
 			}
-			if waited == 0 {
-				t.Fatal("no call waited: the timeline tests too little")
+			if waited == 0 || refused == 0 {
+				t.Fatalf("%d calls waited, %d refused: the timeline tests too little", waited, refused)
 			}
 		})
 	}

@@ -161,7 +161,11 @@ func (b *base) compiled() compiled { return b.spec }
 
 // AllowN implements Limiter.
 func (b *base) AllowN(ctx context.Context, key string, n int) (Decision, error) {
-	r, err := b.ReserveAfter(ctx, key, n, time.Time{}, 0)
+	return decisionOf(b.ReserveAfter(ctx, key, n, time.Time{}, 0))
+}
+
+// decisionOf is AllowN's answer from its reservation r.
+func decisionOf(r Reservation, err error) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
