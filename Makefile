@@ -11,11 +11,11 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # promtool and a headless Chromium from scripts/test-tools.sh (the limits
 # page's, the dashboard's and the rules' tests). The unit tests that
 # mostly wait (on TTLs, on Redis failing, on a manual clock's tasks) are
-# t.Parallel: 4 of them at once, where their waits overlap; go vet, the
-# lint and the end-to-end package's build run beside them (the unit tests
-# wait more than they compute), their output shown after the unit tests'
-# (2026-12-03: 253 s of vet and staticcheck before any test, on a machine
-# shared with other work). The end-to-end
+# t.Parallel: 4 of them at once, where their waits overlap. go vet and the
+# lint run before them, not beside: on 2 CPUs their builds and the tests'
+# race-instrumented builds slowed each other (2026-12-03: the unit tests
+# with vet and the lint beside them took 352 s, 306 s after them). The
+# end-to-end
 # package (./test) runs after the others, not beside them: it measures
 # drain rates to the request, and unit tests sharing the CPUs would add
 # their noise to its timings. Its tests spend their time waiting on slow
@@ -34,15 +34,12 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # of 3 runs at 8, passed in 2 of 2 at 6; the package took 213 s at 8 and
 # 266-281 s at 6).
 E2E_PARALLEL ?= 6
-test:
+test: vet lint
 	scripts/test-tools.sh
 	scripts/redis-env.sh bash -c '\
-		checks=$$(mktemp); \
-		{ $(MAKE) --no-print-directory vet lint && $(GO) test -count=1 -run "^$$" ./test; } >$$checks 2>&1 & \
 		$(GO) test -race -count=1 -timeout 15m -parallel 4 $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
-		wait $$!; lint=$$?; cat $$checks; rm -f $$checks; \
 		$(GO) test -count=1 -timeout 15m -parallel $(E2E_PARALLEL) ./test; e2e=$$?; \
-		exit $$((unit || lint || e2e))'
+		exit $$((unit || e2e))'
 
 vet:
 	$(GO) vet ./...
