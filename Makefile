@@ -14,9 +14,8 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # t.Parallel: 4 of them at once, where their waits overlap. go vet and the
 # lint run before them, not beside: on 2 CPUs their builds and the tests'
 # race-instrumented builds slowed each other (2026-12-03: the unit tests
-# with vet and the lint beside them took 352 s, 306 s after them). The
-# end-to-end
-# package (./test) runs after the others, not beside them: it measures
+# with vet and the lint beside them took 352 s, about 306 s after them).
+# The end-to-end package (./test) runs after the others, not beside them: it measures
 # drain rates to the request, and unit tests sharing the CPUs would add
 # their noise to its timings. Its tests spend their time waiting on slow
 # drains, each on queues and keys of its own, so they run side by side
