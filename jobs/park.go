@@ -160,6 +160,12 @@ func sharesWithBulk(backlogs []*backlog, b *backlog) bool {
 	})
 }
 
+// sharesWithAny reports whether backlog b may share a quota with another
+// backlog of the parking not done yet.
+func sharesWithAny(backlogs []*backlog, b *backlog) bool {
+	return slices.ContainsFunc(backlogs, func(o *backlog) bool { return o != b && !o.done && mayShare(o, b) })
+}
+
 // handedSharing takes back the queues left to the workers that may share
 // a quota with b, whose gates were just found booked ahead: the workers
 // would get only the turns the parker does not book ahead for b.
@@ -249,15 +255,19 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		}
 		t := b.moved[0]
 		b.moved = b.moved[1:]
-		// A probe whose turn has come keeps it, and its queue stays in the
+		// A task whose turn has come keeps it, and its queue stays in the
 		// round robin, where another queue's backlog booked in bulk may
-		// share a quota with it: handed to the workers, who book a task as
-		// they take it, it would get only the turns of the quota the
-		// parker had not booked ahead for the other (a queue's share would
-		// follow who books first, not its priority).
-		probe := b.booked == 0 && !b.sentBack && !sharesWithBulk(backlogs, b)
+		// share a quota with it (a probe) or any other may (a task booked
+		// in bulk): handed to the workers, who book a task as they take
+		// it, it would get only the turns of the quota the parker had not
+		// booked ahead for the other (a queue's share would follow who
+		// books first, not its priority).
+		keep := sharesWithAny(backlogs, b)
+		if b.booked == 0 && !b.sentBack {
+			keep = sharesWithBulk(backlogs, b)
+		}
 		began := time.Now()
-		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m, probe)
+		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m, keep)
 		p.booked(time.Since(began))
 		p.note(ctx, b.queue, t.id, spot)
 		parked++
@@ -267,9 +277,12 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			join(gs, handedSharing(backlogs, b), true)
 		}
 		if !ok {
-			// The probe's turn had come: the gates have room, the rest of
-			// what was taken is due back at once, and the workers take the
-			// queue's tasks.
+			// Its turn had come: the gates have room (at the probe, or
+			// once the turns booked ahead are past), the rest of what was
+			// taken is due back at once, and the workers take the queue's
+			// tasks as they book. Booked on, each would find the turn
+			// given back again; kept requeueLead ahead, a turn is lost
+			// whenever the workers, busy, take its task after it.
 			for _, t := range b.moved {
 				p.note(ctx, b.queue, t.id, parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())})
 			}
@@ -450,20 +463,19 @@ type parkSpot struct {
 }
 
 // book books task id of queue (message m) as a worker would, with no room
-// to hold it, and returns when it is due back. A probe (of a queue none of
-// whose tasks was sent back) asks whether the gates have room now: if its
-// turn has come, it is given back, the task is due back at once and ok is
-// false. Any other booking, and a probe that keeps its turn, books no
-// earlier than requeueLead from now, and is due back before its turn as a
-// task sent back is: due back for a turn that had come, its task would find
-// the turn passed and book again (a turn lost); and a turn that has come,
-// given back, would be found again by the queue's next booking, and the
-// next, each task handed back to the workers at once.
-func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage, probe bool) (parkSpot, bool) {
+// to hold it, and returns when it is due back. ok is false if its turn has
+// come: the gates have room, the turn is given back, and the task is due
+// back at once. Unless keep: then it books its turn no earlier than
+// requeueLead from now, and is due back at once holding it, as a task
+// sent back is due back requeueLead before its turn (a worker that takes
+// it claims the turn kept under its booking ID; due back for a turn that
+// had come, it would find the turn passed and book again, a turn lost),
+// and ok is true.
+func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage, keep bool) (parkSpot, bool) {
 	t := asynq.NewTaskWithHeaders(m.typ, m.payload, m.headers)
 	task := taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t), fresh: true, parked: true}
 	now := p.booker.lines.limitersNow(p.clock.Now())
-	if !probe {
+	if keep {
 		task.notBefore = time.UnixMicro(now).Add(requeueLead)
 	}
 	o, err := p.booker.book(ctx, gs, task, false)
@@ -478,7 +490,7 @@ func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m task
 		return parkSpot{due: now + o.d.Microseconds(), noted: true, ahead: true}, true
 	case askAgainIn:
 		return parkSpot{due: now + o.d.Microseconds(), ahead: true}, true
-	case runNow: // a probe's
+	case runNow:
 		p.booker.giveBack(ctx, o.turns)
 	}
 	return parkSpot{due: now}, false

@@ -376,14 +376,16 @@ func TestParkFindsRoom(t *testing.T) {
 	}
 }
 
-// TestParkBooksOnFromRoom: a queue whose task was sent back, and whose
+// TestParkHandsBackOnRoom: a queue whose task was sent back, and whose
 // drain (10/s, burst 1) has room by the time the parker books its backlog:
-// its tasks book the drain's turns in order from requeueLead on, 100 ms
-// apart. On main the first found its turn had come and gave it back, due
-// back at once; the next found that turn again, and the next: all 10 were
-// handed back to the workers at once, to book one by one (three script
-// runs each where a parked task costs one).
-func TestParkBooksOnFromRoom(t *testing.T) {
+// the first booking finds its turn come, gives it back, and the queue's
+// tasks are handed back to the workers at once (due now), who book them as
+// they take them. On main each of the 10 tasks booked, found the turn the
+// one before had given back, and gave it back again: 10 script runs for
+// what one found out. (Booked on from requeueLead ahead instead, a turn was
+// lost whenever the busy workers took its task after it: a cold key of a
+// keyed quota showed throttles in TestEnqueueStatusKeys.)
+func TestParkHandsBackOnRoom(t *testing.T) {
 	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	s := newTestScheduler(t, Config{
@@ -391,28 +393,23 @@ func TestParkBooksOnFromRoom(t *testing.T) {
 	})
 	ctx := context.Background()
 	enqueueTen(t, "test:any", queue)
-	start, err := s.rdb.Time(ctx).Result()
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
+	now, err := s.rdb.Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.parker.ask(queue)
-	s.parker.parkBacklogs(ctx)
 	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// From the parking's start, which may take a while on a busy machine.
-	var in []time.Duration
-	for _, z := range due {
-		in = append(in, (time.Duration(int64(z.Score)-start.UnixMicro()) * time.Microsecond).Round(time.Millisecond))
+	// (now, read after the parking, from Redis; the parker's clock may
+	// run a little ahead of it)
+	if len(due) != 10 || int64(due[9].Score) > now.Add(50*time.Millisecond).UnixMicro() {
+		t.Errorf("%d tasks noted, the last due back %v from now; want all 10 due at once", len(due), time.Duration(int64(due[len(due)-1].Score)-now.UnixMicro())*time.Microsecond)
 	}
-	if len(in) != 10 || in[0] < 0 {
-		t.Fatalf("the 10 tasks are due back in %v from the parking's start; want them 100 ms apart from then on", in)
-	}
-	for i := 1; i < len(in); i++ {
-		if gap := in[i] - in[i-1]; gap < 95*time.Millisecond || gap > 105*time.Millisecond {
-			t.Fatalf("the 10 tasks are due back in %v from the parking's start; want them 100 ms apart", in)
-		}
+	if n := testutil.ToFloat64(s.booker.metrics.bookings.WithLabelValues(queue)); n != 1 {
+		t.Errorf("%v bookings, want 1: the first found the gates had room", n)
 	}
 }
 
