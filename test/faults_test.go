@@ -2,6 +2,7 @@ package test
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,9 +43,13 @@ queues:
 			}
 			killed := time.Now()
 			r.fleet = r.fleet[1:] // the living
-			testkit.WaitFor(t, 170*time.Second, "every task", func() bool { return u.Distinct() >= tasks })
 			inspector := asynq.NewInspector(b.asynqOpt(t))
 			defer inspector.Close()
+			for deadline := time.Now().Add(170 * time.Second); u.Distinct() < tasks; time.Sleep(200 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d tasks ran 170 s after the kill; the queue holds %s", u.Distinct(), tasks, queueTasks(t, inspector, queue))
+				}
+			}
 			// A task the killed worker had made its copy of (to wait in
 			// Redis) but not yet revoked is still its, as active, when the
 			// copy has run: asynq's recoverer takes it back once its lease
@@ -112,4 +117,35 @@ http: {allow: ['%s']}
 	srv.Start(t)
 	testkit.WaitFor(t, 150*time.Second, "every task", func() bool { return u.Distinct() >= tasks })
 	t.Logf("%d tasks, %d requests", tasks, len(u.All()))
+}
+
+// queueTasks describes what queue holds, state by state, each task with
+// its last error and when asynq will next process it: what a test that
+// waits in vain for tasks shows.
+func queueTasks(t *testing.T, inspector *asynq.Inspector, queue string) string {
+	t.Helper()
+	var b strings.Builder
+	lists := []struct {
+		state string
+		list  func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)
+	}{
+		{"pending", inspector.ListPendingTasks}, {"active", inspector.ListActiveTasks},
+		{"scheduled", inspector.ListScheduledTasks}, {"retry", inspector.ListRetryTasks},
+		{"archived", inspector.ListArchivedTasks},
+	}
+	for _, l := range lists {
+		infos, err := l.list(queue, asynq.PageSize(20))
+		if err != nil {
+			fmt.Fprintf(&b, "\n%s: %v", l.state, err)
+			continue
+		}
+		for _, info := range infos {
+			fmt.Fprintf(&b, "\n%s %s: retried %d/%d, next %v, last error %q", l.state, info.ID, info.Retried, info.MaxRetry,
+				time.Until(info.NextProcessAt).Round(time.Second), info.LastErr)
+		}
+	}
+	if b.Len() == 0 {
+		return " nothing"
+	}
+	return b.String()
 }
