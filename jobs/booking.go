@@ -108,8 +108,9 @@ type taskRef struct {
 	// turn, which could not be given back if it has come.
 	parked bool
 	// notBefore: its turns come no earlier (on the limiters' clock; zero:
-	// now). The parker's probe that keeps its turn books it requeueLead
-	// ahead, as far as every task in Redis is due back before its turn.
+	// now). A task the parker books that keeps a turn come already books
+	// it requeueLead ahead, as every task in Redis is due back that long
+	// before its turn (park.go's book).
 	notBefore time.Time
 }
 
