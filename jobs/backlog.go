@@ -233,39 +233,60 @@ func (b *booker) deferToLine(ctx context.Context, task taskRef, l backlogLine, a
 // with no retry left is noted under the id of its copy instead (see
 // requeue). limitersNow is the limiters' clock now (µs).
 func (b *booker) joinLine(ctx context.Context, task taskRef, l backlogLine, from, limitersNow int64) (outcome, error) {
-	queue := task.queue
+	ids := []string{task.id}
+	if task.exhausted {
+		ids = nil // back as a copy, under another id: it books
+	}
+	tickets, err := b.takeTickets(ctx, task.queue, l, from, limitersNow, ids, 1)
+	if err != nil {
+		return nil, err
+	}
+	wait := time.Duration(max(tickets[0]-requeueLead.Microseconds()-limitersNow, 1000)) * time.Microsecond
+	if task.exhausted {
+		return askAgainIn{wait}, nil
+	}
+	return notedIn{d: wait, line: &l}, nil
+}
+
+// takeTickets gives n tasks the next n tickets of line l (not before from,
+// if > 0), in one step whatever n, and returns them (µs on the limiters'
+// clock, limitersNow now). The tasks ids (n of them, or none) are noted in
+// the wake set, each due back requeueLead before its ticket.
+func (b *booker) takeTickets(ctx context.Context, queue string, l backlogLine, from, limitersNow int64, ids []string, n int) ([]int64, error) {
 	pipe := b.rdb.Pipeline()
 	if from > 0 {
 		pipe.ZAddGT(ctx, l.key, redis.Z{Score: float64(from), Member: lineTail})
 	}
-	next := pipe.ZIncrBy(ctx, l.key, float64(l.interval), lineTail)
+	next := pipe.ZIncrBy(ctx, l.key, float64(int64(n)*l.interval), lineTail)
 	// Kept past the furthest ticket known here; set exactly below.
-	pipe.PExpire(ctx, l.key, time.Duration(max(from, limitersNow)+l.interval-limitersNow)*time.Microsecond+lineLife)
+	pipe.PExpire(ctx, l.key, time.Duration(max(from, limitersNow)+int64(n)*l.interval-limitersNow)*time.Microsecond+lineLife)
 	if _, err := pipe.Exec(ctx); err != nil {
-		b.log.Warn("cannot take a place in a backlog line; the task asks again in a second", "queue", queue, "gate", l.gate, "err", err)
+		b.log.Warn("cannot take a place in a backlog line; the task asks again in a second", "queue", queue, "gate", l.gate, "tasks", n, "err", err)
 		return nil, err
 	}
 	tail := int64(next.Val())
 	b.lines.note(l.key, tail, b.clock.Now())
-	ticket := tail - l.interval
-	due := ticket - requeueLead.Microseconds()
-	wait := time.Duration(max(due-limitersNow, 1000)) * time.Microsecond
-	b.metrics.decisions.WithLabelValues(l.gate, "deferred").Inc()
-	b.metrics.turnWait.WithLabelValues(queue).Observe(float64(max(ticket-limitersNow, 0)) / 1e6)
+	tickets := make([]int64, n)
+	due := make([]redis.Z, len(ids))
+	for i := range tickets {
+		tickets[i] = tail - int64(n-i)*l.interval
+		b.metrics.turnWait.WithLabelValues(queue).Observe(float64(max(tickets[i]-limitersNow, 0)) / 1e6)
+		if i < len(ids) {
+			due[i] = redis.Z{Score: float64(tickets[i] - requeueLead.Microseconds()), Member: ids[i]}
+		}
+	}
+	b.metrics.decisions.WithLabelValues(l.gate, "deferred").Add(float64(n))
 	pipe = b.rdb.Pipeline()
 	life := time.Duration(tail-limitersNow)*time.Microsecond + lineLife
 	pipe.PExpire(ctx, l.key, life)
 	pipe.ZAddGT(ctx, queueLines(queue), redis.Z{Score: float64(tail), Member: lineTail})
 	pipe.ExpireNX(ctx, queueLines(queue), life)
 	pipe.ExpireGT(ctx, queueLines(queue), life)
-	if task.exhausted {
-		// Back as a copy, under another id: it books.
-		_, _ = pipe.Exec(ctx)
-		return askAgainIn{wait}, nil
+	if len(due) > 0 {
+		pipe.ZAdd(ctx, wakeKeys(queue)[0], due...)
 	}
-	pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(due), Member: task.id})
-	if _, err := pipe.Exec(ctx); err != nil {
-		b.log.Warn("cannot note when a waiting task is due; asynq brings it back a second late", "queue", queue, "id", task.id, "err", err)
+	if _, err := pipe.Exec(ctx); err != nil && len(due) > 0 {
+		b.log.Warn("cannot note when waiting tasks are due; asynq brings them back a second late", "queue", queue, "tasks", len(due), "err", err)
 	}
-	return notedIn{wait}, nil
+	return tickets, nil
 }

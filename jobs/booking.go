@@ -75,7 +75,12 @@ type turnAhead struct {
 // its booking, due back in d: for a turn too far to wait for in the worker
 // (its turns stay kept under its booking ID), or for its ticket in a
 // backlog line.
-type notedIn struct{ d time.Duration }
+type notedIn struct {
+	d time.Duration
+	// line: the backlog line it took a ticket in, if it did (the parker
+	// gives the tasks queued behind it tickets in the same line at once).
+	line *backlogLine
+}
 
 // askAgainIn: the task has no turn; it waits in Redis and asks its gates
 // again in d: none within worker.reserve_max, Redis could not decide, or
@@ -301,7 +306,7 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 	case bk.Reminded:
 		// Its turns stay kept under its booking ID: back for them just
 		// before they come, it gets them.
-		return notedIn{bk.Delay - requeueLead}, nil
+		return notedIn{d: bk.Delay - requeueLead}, nil
 	case bk.Delay <= 0:
 		return runNow{turns}, nil
 	}

@@ -135,6 +135,11 @@ type backlog struct {
 	// ahead); handed: its probe's turn had come, and it was left to the
 	// workers.
 	ahead, handed bool
+	// line: the backlog line its last task took a ticket in, and claims
+	// what that task claimed (claimsKey): the tasks after it that claim
+	// the same take the next tickets of that line together (ticketRun).
+	line   *backlogLine
+	claims string
 }
 
 // mayShare reports whether backlogs a and b may share a quota: one that
@@ -203,6 +208,8 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		return // another worker parks: it is asked by its own tasks
 	}
 	defer p.rdb.Del(context.WithoutCancel(ctx), claim)
+	var notes parkNotes
+	defer p.writeNotes(context.WithoutCancel(ctx), &notes)
 	renewed := p.clock.Now()
 	var backlogs []*backlog
 	// A queue whose fresh task was sent back has its gates booked ahead:
@@ -227,6 +234,10 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 	join(gs, p.backlogged(ctx), false)
 	looked := p.clock.Now()
 	for parked := 0; parked < parkMost; {
+		if now := p.clock.Now(); now.Sub(renewed) > parkLease/3 {
+			p.rdb.PExpire(ctx, claim, parkLease)
+			renewed = now
+		}
 		gs := p.gates()
 		join(gs, p.takeAsked(), true)
 		if now := p.clock.Now(); now.Sub(looked) > time.Second {
@@ -253,6 +264,13 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			b.done = true
 			continue
 		}
+		if b.line != nil && !sharesWithAny(backlogs, b) {
+			if n := p.ticketRun(ctx, gs, b, &notes); n > 0 {
+				parked += n
+				b.booked += n
+				continue
+			}
+		}
 		t := b.moved[0]
 		b.moved = b.moved[1:]
 		// A task whose turn has come keeps it, and its queue stays in the
@@ -269,9 +287,13 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		began := time.Now()
 		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m, keep)
 		p.booked(time.Since(began))
-		p.note(ctx, b.queue, t.id, spot)
+		p.note(ctx, &notes, b.queue, t.id, spot, spot.now)
 		parked++
 		b.booked++
+		b.line, b.claims = spot.line, ""
+		if spot.line != nil {
+			b.claims = p.claimsKey(gs, b.queue, t)
+		}
 		if spot.ahead && !b.ahead {
 			b.ahead = true
 			join(gs, handedSharing(backlogs, b), true)
@@ -283,16 +305,75 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			// tasks as they book. Booked on, each would find the turn
 			// given back again; kept requeueLead ahead, a turn is lost
 			// whenever the workers, busy, take its task after it.
+			now := p.booker.lines.limitersNow(p.clock.Now())
 			for _, t := range b.moved {
-				p.note(ctx, b.queue, t.id, parkSpot{due: p.booker.lines.limitersNow(p.clock.Now())})
+				p.note(ctx, &notes, b.queue, t.id, parkSpot{due: now}, now)
 			}
 			b.moved, b.done, b.handed = nil, true, true
 		}
-		if now := p.clock.Now(); now.Sub(renewed) > parkLease/3 {
-			p.rdb.PExpire(ctx, claim, parkLease)
-			renewed = now
-		}
 	}
+}
+
+// ticketRun gives the tasks at the head of b's taken tasks that claim
+// what its last task claimed, which took a ticket in a backlog line, the
+// next tickets of that line, up to parkTicketRun of them in one step (two
+// pipelines, whatever their number), with no booking each: while the line
+// reaches further than a worker holds a task for, a fresh task's booking
+// finds a turn only in a gap the line's tasks left, which the tasks back
+// for their tickets fill as well (each books the earliest turn). It
+// returns how many took tickets: none if the head claims otherwise (it
+// books, as the first of a run does).
+func (p *parker) ticketRun(ctx context.Context, gs *gateSet, b *backlog, notes *parkNotes) int {
+	n := 0
+	for n < len(b.moved) && n < parkTicketRun && b.claims != "" && p.claimsKey(gs, b.queue, b.moved[n]) == b.claims {
+		n++
+	}
+	if n == 0 {
+		b.line = nil
+		return 0
+	}
+	ids := make([]string, n)
+	for i, t := range b.moved[:n] {
+		ids[i] = t.id
+	}
+	now := p.booker.lines.limitersNow(p.clock.Now())
+	tickets, err := p.booker.takeTickets(ctx, b.queue, *b.line, 0, now, ids, n)
+	if err != nil {
+		b.line = nil // they book one by one
+		return 0
+	}
+	for i, ticket := range tickets {
+		p.note(ctx, notes, b.queue, ids[i], parkSpot{due: ticket - requeueLead.Microseconds(), noted: true, ahead: true, now: now}, now)
+	}
+	b.moved = b.moved[n:]
+	return n
+}
+
+// parkTicketRun bounds the tickets one ticketRun takes.
+const parkTicketRun = 256
+
+// claimsKey names the claims task t of queue makes on its gates (its type,
+// and the key value of each keyed gate); "" if they are not known without
+// a booking (its key failed).
+func (p *parker) claimsKey(gs *gateSet, queue string, t parkedTask) string {
+	r := gs.routeOf(queue, t.m.typ)
+	if r.fair || len(r.gates) == 0 {
+		return ""
+	}
+	if !r.keyed {
+		return t.m.typ
+	}
+	claims, ok := p.booker.claimsOf(r, varsOf(queue, t.id, asynq.NewTaskWithHeaders(t.m.typ, t.m.payload, t.m.headers)))
+	if !ok {
+		return ""
+	}
+	var key strings.Builder
+	key.WriteString(t.m.typ)
+	for _, c := range claims {
+		key.WriteByte(0)
+		key.WriteString(c.key)
+	}
+	return key.String()
 }
 
 // parkAhead is how many tasks of a queue a parker takes ahead of its
@@ -414,17 +495,66 @@ func (p *parker) take(ctx context.Context, gs *gateSet, b *backlog) ([]parkedTas
 	return taken, nil
 }
 
-// note notes task id of queue due back at spot (unless its booking noted
-// it), and moves asynq's own schedule of it to a second or two after.
-func (p *parker) note(ctx context.Context, queue, id string, spot parkSpot) {
-	pipe := p.queues.Pipeline()
+// parkNotes are the notes of parked tasks not written yet, by queue: when
+// each is due back (in the wake set, unless its booking noted it) and
+// asynq's own schedule of it, a second or two after. They are written a
+// batch at a time, one ZADD of each kind per queue, not two commands per
+// task: a task rests in asynq's retry set until then, due back after
+// parkHold should the parker die first, so a note written a little later
+// is no later a turn, but for one due soon: that batch is written at once.
+type parkNotes struct {
+	queues map[string]*queueNotes
+	count  int
+	soon   bool // a note is due within parkNoteSoon
+}
+
+type queueNotes struct{ wake, retry []redis.Z }
+
+const (
+	parkNoteBatch = 256
+	parkNoteSoon  = time.Second
+)
+
+// note notes task id of queue due back at spot, now being the limiters'
+// clock now (µs), and writes the notes if a batch is full or one is due
+// soon.
+func (p *parker) note(ctx context.Context, notes *parkNotes, queue, id string, spot parkSpot, now int64) {
+	if notes.queues == nil {
+		notes.queues = map[string]*queueNotes{}
+	}
+	q := notes.queues[queue]
+	if q == nil {
+		q = &queueNotes{}
+		notes.queues[queue] = q
+	}
 	if !spot.noted {
-		pipe.ZAdd(ctx, wakeKeys(queue)[0], redis.Z{Score: float64(spot.due), Member: id})
+		q.wake = append(q.wake, redis.Z{Score: float64(spot.due), Member: id})
 	}
-	pipe.ZAddXX(ctx, asynqKeys(queue)+"retry", redis.Z{Score: float64((spot.due+requeueLead.Microseconds())/1_000_000 + 2), Member: id})
+	q.retry = append(q.retry, redis.Z{Score: float64((spot.due+requeueLead.Microseconds())/1_000_000 + 2), Member: id})
+	notes.count++
+	notes.soon = notes.soon || spot.due-now < parkNoteSoon.Microseconds()
+	if notes.count >= parkNoteBatch || notes.soon {
+		p.writeNotes(ctx, notes)
+	}
+}
+
+// writeNotes writes the notes taken so far, in one pipeline.
+func (p *parker) writeNotes(ctx context.Context, notes *parkNotes) {
+	if notes.count == 0 {
+		return
+	}
+	pipe := p.queues.Pipeline()
+	for queue, q := range notes.queues {
+		if len(q.wake) > 0 {
+			pipe.ZAdd(ctx, wakeKeys(queue)[0], q.wake...)
+		}
+		pipe.ZAddXX(ctx, asynqKeys(queue)+"retry", q.retry...)
+	}
 	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
-		p.log.Warn("cannot note when a parked task is due; asynq brings it back later", "queue", queue, "id", id, "err", err)
+		p.log.Warn("cannot note when parked tasks are due; asynq brings them back later", "tasks", notes.count, "err", err)
 	}
+	clear(notes.queues)
+	notes.count, notes.soon = 0, false
 }
 
 // A task taken ahead rests in asynq's retry set until the parker has
@@ -460,6 +590,9 @@ type parkSpot struct {
 	due   int64
 	noted bool
 	ahead bool
+	now   int64 // the limiters' clock at the booking, µs
+	// line: the task took a ticket in this backlog line.
+	line *backlogLine
 }
 
 // book books task id of queue (message m) as a worker would, with no room
@@ -480,20 +613,20 @@ func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m task
 	}
 	o, err := p.booker.book(ctx, gs, task, false)
 	if err != nil {
-		return parkSpot{due: now + redisRetry.Microseconds()}, true
+		return parkSpot{due: now + redisRetry.Microseconds(), now: now}, true
 	}
 	switch o := o.(type) {
 	case turnAhead:
 		// A turn at its earliest is one whose time had come.
-		return parkSpot{due: o.at.Add(-requeueLead).UnixMicro(), ahead: o.at.After(task.notBefore)}, true
+		return parkSpot{due: o.at.Add(-requeueLead).UnixMicro(), ahead: o.at.After(task.notBefore), now: now}, true
 	case notedIn:
-		return parkSpot{due: now + o.d.Microseconds(), noted: true, ahead: true}, true
+		return parkSpot{due: now + o.d.Microseconds(), noted: true, ahead: true, now: now, line: o.line}, true
 	case askAgainIn:
-		return parkSpot{due: now + o.d.Microseconds(), ahead: true}, true
+		return parkSpot{due: now + o.d.Microseconds(), ahead: true, now: now}, true
 	case runNow:
 		p.booker.giveBack(ctx, o.turns)
 	}
-	return parkSpot{due: now}, false
+	return parkSpot{due: now, now: now}, false
 }
 
 // oneServer reports whether the limits' client a and asynq's b reach one

@@ -43,29 +43,35 @@ func TestBacklogLifeCost(t *testing.T) {
 		name string
 		opt  asynq.RedisConnOpt
 		key  string // the quota's key expression
+		// reserveMax: worker.reserve_max, 0 for its default (a minute:
+		// every task books a turn); 2s puts all but the first 50 tasks
+		// in the quota's backlog line.
+		reserveMax time.Duration
 	}{
-		{"redis", asynq.RedisClientOpt{Addr: redistest.Addr(t)}, ""},
-		{"cluster, keyed", asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)}, "type"},
+		{"redis", asynq.RedisClientOpt{Addr: redistest.Addr(t)}, "", 0},
+		{"redis, a line", asynq.RedisClientOpt{Addr: redistest.Addr(t)}, "", 2 * time.Second},
+		{"cluster, keyed", asynq.RedisClusterClientOpt{Addrs: redistest.ClusterAddrs(t)}, "type", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testBacklogLifeCost(t, tc.opt, tc.key)
+			testBacklogLifeCost(t, tc.opt, tc.key, tc.reserveMax)
 		})
 	}
 }
 
-func testBacklogLifeCost(t *testing.T, opt asynq.RedisConnOpt, key string) {
+func testBacklogLifeCost(t *testing.T, opt asynq.RedisConnOpt, key string, reserveMax time.Duration) {
 	const (
 		n     = 500
 		rate  = 25
 		burst = 1
 	)
 	plainQueue, queue := redistest.Queue(t, "plain"), redistest.Queue(t, "q")
+	api := redistest.Queue(t, "api") // a quota of its own: the cases run side by side
 	cfg := Config{
-		Worker: WorkerConfig{Concurrency: 10},
+		Worker: WorkerConfig{Concurrency: 10, ReserveMax: reserveMax},
 		Queues: map[string]QueueConfig{queue: {}},
-		Quotas: map[string]LimitConfig{"api": {Algorithm: "token_bucket", Limit: rate, Period: time.Second, Burst: burst, Key: key}},
-		Tasks:  map[string]TaskConfig{"test:record": {Quotas: []string{"api"}}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "token_bucket", Limit: rate, Period: time.Second, Burst: burst, Key: key}},
+		Tasks:  map[string]TaskConfig{"test:record": {Quotas: []string{api}}},
 	}
 	enqueue := func(q string) {
 		client := asynq.NewClient(opt)
@@ -587,5 +593,70 @@ func enqueueTen(t *testing.T, typ string, queues ...string) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// TestParkTicketsInOneStep: a backlog of 300 tasks behind a quota of 10/s
+// (burst 1) with worker.reserve_max 2s: about 20 book turns, the rest take
+// tickets in the quota's backlog line. The parker gives the tasks behind
+// the first ticket holder their tickets together, with no booking each:
+// every task is noted due back once, the tickets one turn (100ms) apart in
+// the order the tasks were queued, after the turns, with a handful of
+// bookings (300, one per task, before).
+func TestParkTicketsInOneStep(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	queue := redistest.Queue(t, "q")
+	api := redistest.Queue(t, "api") // a quota of its own: tests run side by side
+	s := newTestScheduler(t, Config{
+		Worker: WorkerConfig{ReserveMax: 2 * time.Second},
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
+	})
+	ctx := context.Background()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i := range n {
+		if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprintf("t%03d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A worker took a task first, which found the quota's room: the
+	// parker finds it booked ahead.
+	warm := asynq.NewTask("test:api", nil)
+	if o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: warm, queue: queue, id: "warm", booking: bookingID(queue, "warm", warm)}, false); err != nil {
+		t.Fatal(err)
+	} else if _, ok := o.(runNow); !ok {
+		t.Fatalf("the first task's booking: %#v, want its turn now", o)
+	}
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
+	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(due) != n {
+		t.Fatalf("%d tasks noted in the wake set, want all %d", len(due), n)
+	}
+	// In the order queued, each due back one turn after the one before.
+	for i, z := range due {
+		if want := fmt.Sprintf("t%03d", i); z.Member != want {
+			t.Fatalf("task %d due back is %v, want %s: out of the order queued", i, z.Member, want)
+		}
+		if i > 0 {
+			if gap := int64(z.Score - due[i-1].Score); gap != 100_000 {
+				t.Errorf("tasks %v and %v due back %dµs apart, want one turn (100000µs)", due[i-1].Member, z.Member, gap)
+			}
+		}
+	}
+	bookings := testutil.ToFloat64(s.booker.metrics.bookings.WithLabelValues(queue))
+	if bookings > 30 { // (the warm task's included)
+		t.Errorf("%v bookings for %d tasks, want the turns' (about 20) and one for the first ticket", bookings, n)
+	}
+	deferred := testutil.ToFloat64(s.booker.metrics.decisions.WithLabelValues(GateName{QuotaGate, api}.String(), "deferred"))
+	t.Logf("%v bookings, %v tickets", bookings, deferred)
+	if deferred < n-30 {
+		t.Errorf("%v tickets counted as deferred decisions, want the tasks beyond the turns' (%d or more)", deferred, n-30)
 	}
 }

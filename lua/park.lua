@@ -21,7 +21,7 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local first, pace = tonumber(ARGV[2]), tonumber(ARGV[4])
-local out = {}
+local out, due = {}, {}
 for i = 5, #ARGV do
   local id = ARGV[i]
   local key = ARGV[1] .. id
@@ -29,10 +29,14 @@ for i = 5, #ARGV do
   local moved = 0
   -- From the right end, where asynq takes tasks and the batch was read.
   if msg and redis.call('LREM', KEYS[1], -1, id) == 1 then
-    redis.call('ZADD', KEYS[2], math.floor((now + first + (i - 5) * pace) / 1000000), id)
+    due[#due + 1], due[#due + 2] = math.floor((now + first + (i - 5) * pace) / 1000000), id
     redis.call('HSET', key, 'state', 'retry', 'msg', msg .. ARGV[3])
     moved = 1
   end
   out[#out + 1] = moved
+end
+-- One ZADD for them all (pairs of score and id), not one per task.
+for i = 1, #due, 200 do
+  redis.call('ZADD', KEYS[2], unpack(due, i, math.min(i + 199, #due)))
 end
 return out

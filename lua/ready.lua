@@ -18,18 +18,22 @@
 -- A task back from waiting is in the retry list (asynq's retry path) or
 -- the scheduled one (a copy): removing it from its list is the test, and
 -- its state is read only if it is in neither.
-local out = {}
+local out, moved = {}, {}
 for i = 3, #ARGV do
   local id = ARGV[i]
   local key = ARGV[1] .. id
   local result = 0
   if redis.call('ZREM', KEYS[2], id) == 1 or redis.call('ZREM', KEYS[3], id) == 1 then
-    redis.call('RPUSH', KEYS[1], id)
+    moved[#moved + 1] = id
     redis.call('HSET', key, 'state', 'pending', 'pending_since', ARGV[2])
     result = 1
   elseif redis.call('HGET', key, 'state') == 'active' then
     result = 2
   end
   out[#out + 1] = result
+end
+-- One RPUSH for them all: the same list as one per task, in order.
+for i = 1, #moved, 100 do
+  redis.call('RPUSH', KEYS[1], unpack(moved, i, math.min(i + 99, #moved)))
 end
 return out

@@ -124,12 +124,13 @@ end
 -- µs after it was due), 0 if neither.
 if #KEYS == 5 then
   local prefix, ns, again, still = ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+  local moved = {}
   for i = 2, #reply, 2 do
     local id, overdue = reply[i], reply[i + 1]
     local key = prefix .. id
     local result = 0
     if redis.call('ZREM', KEYS[4], id) == 1 or redis.call('ZREM', KEYS[5], id) == 1 then
-      redis.call('RPUSH', KEYS[3], id)
+      moved[#moved + 1] = id
       redis.call('HSET', key, 'state', 'pending', 'pending_since', ns)
       result = 1
     elseif redis.call('HGET', key, 'state') == 'active' then
@@ -137,6 +138,10 @@ if #KEYS == 5 then
       if overdue < still then redis.call('ZADD', KEYS[1], now + again, id) end
     end
     reply[i + 1] = result
+  end
+  -- One RPUSH for them all: the same list as one per task, in order.
+  for i = 1, #moved, 100 do
+    redis.call('RPUSH', KEYS[3], unpack(moved, i, math.min(i + 99, #moved)))
   end
 end
 
