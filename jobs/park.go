@@ -140,6 +140,9 @@ type backlog struct {
 	// the same take the next tickets of that line together (ticketRun).
 	line   *backlogLine
 	claims string
+	// roomy: how many of its last bookings in a row found their turn had
+	// come.
+	roomy int
 }
 
 // mayShare reports whether backlogs a and b may share a quota: one that
@@ -298,13 +301,23 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			b.ahead = true
 			join(gs, handedSharing(backlogs, b), true)
 		}
-		if !ok {
-			// Its turn had come: the gates have room (at the probe, or
-			// once the turns booked ahead are past), the rest of what was
-			// taken is due back at once, and the workers take the queue's
-			// tasks as they book. Booked on, each would find the turn
-			// given back again; kept requeueLead ahead, a turn is lost
-			// whenever the workers, busy, take its task after it.
+		if ok {
+			b.roomy = 0
+		} else {
+			b.roomy++
+		}
+		if !ok && (b.booked == 1 || b.roomy >= 2) {
+			// Its turn had come: the gates have room (at its first
+			// booking, or at two in a row: the turns booked ahead are
+			// past), the rest of what was taken is due back at once, and
+			// the workers take the queue's tasks as they book. Booked on,
+			// each would find the turn given back again; kept requeueLead
+			// ahead, a turn is lost whenever the workers, busy, take its
+			// task after it. One turn come alone, in the middle of turns
+			// booked ahead or of a line, is a gap: the task alone is due
+			// back at once (handing the queue back there sent a 10,000
+			// deep backlog through the workers one by one, 3 script runs a
+			// task).
 			now := p.booker.lines.limitersNow(p.clock.Now())
 			for _, t := range b.moved {
 				p.note(ctx, &notes, b.queue, t.id, parkSpot{due: now}, now)

@@ -660,3 +660,66 @@ func TestParkTicketsInOneStep(t *testing.T) {
 		t.Errorf("%v tickets counted as deferred decisions, want the tasks beyond the turns' (%d or more)", deferred, n-30)
 	}
 }
+
+// TestParkGapIsNotRoom: a queue of tasks on a quota booked ahead, with one
+// task of another type, on a quota with room, second in line. That one's
+// turn has come: it alone is due back at once, its turn given back (a
+// gap), and the tasks after it book their turns ahead. Before, the parker
+// handed the whole queue to the workers at any booking whose turn had
+// come, and in a 10,000-deep backlog a gap a minute in sent 8,573 tasks
+// through the workers one by one (3 script runs each).
+func TestParkGapIsNotRoom(t *testing.T) {
+	t.Parallel()
+	queue := redistest.Queue(t, "q")
+	busy, roomy := redistest.Queue(t, "busy"), redistest.Queue(t, "roomy")
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{
+			busy:  {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1},
+			roomy: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1},
+		},
+		Tasks: map[string]TaskConfig{"test:busy": {Quotas: []string{busy}}, "test:roomy": {Quotas: []string{roomy}}},
+	})
+	ctx := context.Background()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i, typ := range []string{"test:busy", "test:roomy", "test:busy", "test:busy", "test:busy", "test:busy"} {
+		if _, err := client.Enqueue(asynq.NewTask(typ, nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprint("t", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warm := asynq.NewTask("test:busy", nil)
+	if o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: warm, queue: queue, id: "warm", booking: bookingID(queue, "warm", warm)}, false); err != nil {
+		t.Fatal(err)
+	} else if _, ok := o.(runNow); !ok {
+		t.Fatalf("the first task's booking: %#v, want its turn now", o)
+	}
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(due) != 6 {
+		t.Fatalf("%d tasks noted in the wake set, want the 6 parked", len(due))
+	}
+	at := map[any]int64{}
+	for _, z := range due {
+		at[z.Member] = int64(z.Score)
+	}
+	if in := time.Duration(at["t1"]-now.UnixMicro()) * time.Microsecond; in.Abs() > 50*time.Millisecond {
+		t.Errorf("t1 (its quota with room) due back in %v, want at once", in)
+	}
+	// The others are due back requeueLead before their turns, one turn of
+	// their quota (100ms) apart.
+	busyOnes := []string{"t0", "t2", "t3", "t4", "t5"}
+	for i := 1; i < len(busyOnes); i++ {
+		if gap := at[busyOnes[i]] - at[busyOnes[i-1]]; gap != 100_000 {
+			t.Errorf("%s due back %v after %s, want one turn of their quota (100ms): booked ahead", busyOnes[i], time.Duration(gap)*time.Microsecond, busyOnes[i-1])
+		}
+	}
+}
