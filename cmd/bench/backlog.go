@@ -270,7 +270,10 @@ func backlogAt(ctx context.Context, b *bench, binary, dir string, depth int, key
 		return r, fmt.Errorf("no task completed in %v", backlogWindow)
 	}
 	if depth > 0 {
-		b.progress("backlog: %d queued: commands per task by name: %s", depth, c1.perTask(c0, done1-done0))
+		b.progress("backlog: %d queued: commands per task by name, first visits: %s", depth, taken.perTask(before, depth-doneTaken))
+		b.progress("backlog: %d queued: commands per task by name, last visits: %s", depth, c1.perTask(c0, done1-done0))
+	} else {
+		b.progress("backlog: the workers idle: commands a second by name: %s", c1.perTask(c0, int(window)))
 	}
 	r.rate = float64(done1-done0) / window
 	r.scripts = float64(c1.scripts-c0.scripts) / window
