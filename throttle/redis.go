@@ -132,7 +132,7 @@ func (s redisSite) reaches(key string) bool {
 func (s redisSite) run(ctx context.Context, st *step) error {
 	first := st.parts[0].lim.(*redisLimiter)
 	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late, Remind: st.remind,
-		Claims: make([]algorithms.OpClaim, 0, len(st.parts))}
+		Claims: make([]algorithms.OpClaim, 0, len(st.parts)), IDs: st.ids, MinAhead: st.minAhead, Reminds: st.reminds}
 	if first.clock != nil {
 		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}
@@ -161,6 +161,12 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		if st.giveBack != nil {
 			c.GiveBack = st.giveBack[i]
 		}
+		if st.ids != nil {
+			c.KeptKeys = make([]string, len(st.ids))
+			for t, id := range st.ids {
+				c.KeptKeys[t] = keptKey(state, id)
+			}
+		}
 		op.Claims = append(op.Claims, c)
 	}
 	if err := s.calls.do(ctx, op); err != nil {
@@ -169,7 +175,7 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 	if err := opError(op); err != nil {
 		return err
 	}
-	st.out = op.Result
+	st.out, st.series = op.Result, op.Series
 	return nil
 }
 
