@@ -12,8 +12,10 @@
 // Each constructor mirrors its Go twin in package algorithms. Allow is
 // one limit's AllowN or ReserveN per algorithm, with only that algorithm's
 // code and its quick decision on the states most calls find
-// (allow_*.lua, allow_limit.lua for the rest); BookLibrary holds Book,
-// Allow and a two-bucket Book (book_buckets.lua) as Redis 7 functions,
+// (allow_*.lua, allow_limit.lua for the rest). Series (series.lua) books
+// a turn for each of several IDs, one after another, on the same limits
+// in one run, with the same constructors. BookLibrary holds Book, Allow,
+// a two-bucket Book (book_buckets.lua) and Series as Redis 7 functions,
 // defined once when loaded.
 package lua
 

@@ -51,7 +51,8 @@ func RemindEach(key string, members []string, lead, after time.Duration) BookOpt
 // or whose instant is less than minAhead after the limiters' now (its
 // time has come: book it with Book as usual); nothing is counted for that
 // turn and the ones after it. It returns the booked turns, in order: a
-// prefix of ids, maybe empty.
+// prefix of ids, maybe empty. With minAhead 0 a turn at now may be
+// booked: as Book's, it is counted but not kept under its ID.
 //
 // Precondition: no turn is kept under any of ids (they were never
 // booked): the series does not look, and a turn kept under one stays

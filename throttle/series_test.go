@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,7 +99,6 @@ func TestBookSeriesMatchesBooks(t *testing.T) {
 				b, w, a := seriesTimeline(t, e, seed, algs)
 				booked, stoppedByWait, stoppedByAhead = booked+b, stoppedByWait+w, stoppedByAhead+a
 			}
-			t.Logf("%d turns booked, %d series stopped at maxWait, %d at minAhead", booked, stoppedByWait, stoppedByAhead)
 			if booked < int(seeds)*10 || stoppedByWait < int(seeds)/2 || stoppedByAhead < int(seeds)/8 {
 				t.Fatalf("%d turns booked, %d series stopped at maxWait, %d at minAhead: the timelines test too little", booked, stoppedByWait, stoppedByAhead)
 			}
@@ -144,8 +145,7 @@ func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorit
 		t.Fatalf("seed %d, specs %+v, n %v, step %d at %d: %s", seed, specs, ns, step, clock.Now().UnixMicro(), fmt.Sprintf(format, args...))
 	}
 	period := specs[0].Period
-	var given [][]throttle.Booking // per world: turns that may be given back
-	given = make([][]throttle.Booking, len(worlds))
+	given := make([][]throttle.Booking, len(worlds)) // per world: turns that may be given back
 	turnID := 0
 	for step := range 12 {
 		clock.Set(clock.Now().Add(time.Duration(rng.Int64N(int64(period)))))
@@ -309,4 +309,388 @@ func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorit
 		fail(99, "the next Book: %+v", last)
 	}
 	return booked, byWait, byAhead
+}
+
+// TestBookSeriesKeptAndCancel: on every engine, the turns of a series on a
+// drain of 25/s (burst 1) and a quota of 10/s (burst 5) in one slot are
+// the drain's, 40ms apart, until the quota's 500ms of server time from
+// now is taken (at +240ms), then 100ms apart at most; each is kept
+// under its ID: a later Book of the claims with that ID gets it back
+// (Kept, counting nothing), and Cancel of a turn by its Reservation gives
+// it back once, however often it is called.
+func TestBookSeriesKeptAndCancel(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			ctx := context.Background()
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			quota := mustNew(t, e, quotaSpec, clock, "quota")
+			claims := func(id string) []throttle.Claim {
+				return []throttle.Claim{{Limiter: drain, Key: "q", N: 1, ID: id}, {Limiter: quota, Key: "q", N: 1, ID: id}}
+			}
+			ids := []string{"t1", "t2", "t3", "t4", "t5", "t6", "t7"}
+			got, err := throttle.BookSeries(ctx, claims(""), ids, time.Time{}, 10*ms, time.Second, throttle.MaxLate(50*ms))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Now is not booked (sooner than minAhead): the series books none.
+			if len(got) != 0 {
+				t.Fatalf("series with a turn free now and minAhead 10ms = %d turns; want none", len(got))
+			}
+			book(t, claims(""), time.Time{}, time.Second) // the turn now, as usual
+			got, err = throttle.BookSeries(ctx, claims(""), ids, time.Time{}, 10*ms, time.Second, throttle.MaxLate(50*ms))
+			if err != nil || len(got) != len(ids) {
+				t.Fatalf("series = %d turns, %v; want %d", len(got), err, len(ids))
+			}
+			// The quota's turns take 100ms each of its server time from now
+			// on; one fits at x while 100ms of [x, x+500ms) are free.
+			want := []time.Duration{40 * ms, 80 * ms, 120 * ms, 160 * ms, 200 * ms, 240 * ms, 300 * ms}
+			for i, bk := range got {
+				if !bk.OK || bk.Kept || bk.Delay != want[i] || !bk.At.Equal(t0.Add(want[i])) || bk.Turns[0].ID != ids[i] {
+					t.Fatalf("turn %d = %+v; want OK at +%v under %q", i, bk, want[i], ids[i])
+				}
+			}
+			if r := got[1].Turns[1]; r.Remaining != 2 {
+				t.Fatalf("the quota's turn at +80ms has %d remaining; want 2 (its time taken up to +300ms: 280ms of [80ms, 580ms) free)", r.Remaining)
+			}
+			// t3 back for its turn: given it, nothing counted.
+			clock.Set(t0.Add(120 * ms))
+			back := book(t, claims("t3"), time.Time{}, time.Second)
+			if !back.OK || !back.Kept || !back.At.Equal(got[2].At) {
+				t.Fatalf("t3 back at its turn = %+v; want its kept turn at +120ms", back)
+			}
+			// t5's turn given back, twice: the next Book takes it, once.
+			for range 2 {
+				for i, c := range claims("") {
+					if err := c.Limiter.(throttle.Reserver).Cancel(ctx, c.Key, got[4].Turns[i]); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			next := book(t, claims("x"), time.Time{}, time.Second)
+			after := book(t, claims("y"), time.Time{}, time.Second)
+			if !next.At.Equal(got[4].At) || !after.At.Equal(t0.Add(400*ms)) {
+				t.Fatalf("after t5's turn was given back twice: turns at +%v and +%v; want +200ms, then +400ms", next.At.Sub(t0), after.At.Sub(t0))
+			}
+		})
+	}
+}
+
+// TestBookSeriesStops: a series stops at the first turn beyond maxWait or
+// sooner than minAhead, and counts nothing for it and the rest: the next
+// Book gets that turn.
+func TestBookSeriesStops(t *testing.T) {
+	for _, e := range engines(t) {
+		t.Run(e.name, func(t *testing.T) {
+			ctx := context.Background()
+			clock := testkit.NewClock(t0)
+			drain := mustNew(t, e, drainSpec, clock, "drain")
+			claims := []throttle.Claim{{Limiter: drain, Key: "q", N: 1}}
+			ids := func(prefix string, n int) []string {
+				s := make([]string, n)
+				for i := range s {
+					s[i] = fmt.Sprint(prefix, i)
+				}
+				return s
+			}
+			// At maxWait 100ms: the turns at +0 (minAhead 0), +40 and +80ms.
+			got, err := throttle.BookSeries(ctx, claims, ids("a", 10), time.Time{}, 0, 100*ms)
+			if err != nil || len(got) != 3 || got[0].Delay != 0 || got[2].Delay != 80*ms {
+				t.Fatalf("series with maxWait 100ms = %+v, %v; want turns at +0, +40 and +80ms", got, err)
+			}
+			if next := book(t, claims, time.Time{}, time.Second); next.Delay != 120*ms {
+				t.Fatalf("the next Book = %+v; want +120ms: the series counted nothing past maxWait", next)
+			}
+			// At +150ms the next free turn is +160ms, 10ms away: sooner
+			// than minAhead 20ms, so the series stops there, counting nothing.
+			clock.Set(t0.Add(150 * ms))
+			got, err = throttle.BookSeries(ctx, claims, ids("b", 10), time.Time{}, 20*ms, time.Second)
+			if err != nil || len(got) != 0 {
+				t.Fatalf("series whose first turn is 10ms away, minAhead 20ms = %+v, %v; want none", got, err)
+			}
+			if next := book(t, claims, time.Time{}, time.Second); next.Delay != 10*ms {
+				t.Fatalf("the next Book = %+v; want +10ms (at +160ms): the series counted nothing", next)
+			}
+			// notBefore puts them all further off.
+			got, err = throttle.BookSeries(ctx, claims, ids("c", 2), t0.Add(time.Second), 20*ms, 2*time.Second)
+			if err != nil || len(got) != 2 || !got[0].At.Equal(t0.Add(time.Second)) || !got[1].At.Equal(t0.Add(1040*ms)) {
+				t.Fatalf("series not before +1s = %+v, %v; want +1s and +1.04s", got, err)
+			}
+		})
+	}
+}
+
+// TestBookSeriesMisuse: what a series cannot act on is refused with an
+// error that wraps ErrMisuse and names the problem, before anything is
+// counted.
+func TestBookSeriesMisuse(t *testing.T) {
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	drain, err := throttle.NewLocal(drainSpec, throttle.WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := []throttle.Claim{{Limiter: drain, Key: "q", N: 1}}
+	many := make([]string, throttle.MaxSeries+1)
+	for i := range many {
+		many[i] = fmt.Sprint(i)
+	}
+	for _, c := range []struct {
+		desc     string
+		claims   []throttle.Claim
+		ids      []string
+		minAhead time.Duration
+		maxWait  time.Duration
+		opts     []throttle.BookOption
+		want     string
+	}{
+		{desc: "negative maxWait", claims: claims, ids: []string{"a"}, maxWait: -1, want: "maxWait must be >= 0"},
+		{desc: "negative minAhead", claims: claims, ids: []string{"a"}, minAhead: -1, want: "minAhead must be >= 0"},
+		{desc: "empty id", claims: claims, ids: []string{"a", ""}, want: "ids[1] is empty"},
+		{desc: "repeated id", claims: claims, ids: []string{"a", "b", "a"}, want: `ids[0] and ids[2] are both "a"`},
+		{desc: "too many ids", claims: claims, ids: many, want: "at most 1024 ids"},
+		{desc: "no claims", ids: []string{"a"}, want: "no claims"},
+		{desc: "a claim's own ID", claims: []throttle.Claim{{Limiter: drain, Key: "q", N: 1, ID: "x"}}, ids: []string{"a"}, want: `claim 0 has ID "x"`},
+		{desc: "Remind", claims: claims, ids: []string{"a"}, opts: []throttle.BookOption{throttle.Remind("w", "m", 0, 0)}, want: "RemindEach"},
+		{desc: "members of RemindEach", claims: claims, ids: []string{"a", "b"}, opts: []throttle.BookOption{throttle.RemindEach("w", []string{"m"}, 0, 0)}, want: "1 members for 2 ids"},
+	} {
+		t.Run(c.desc, func(t *testing.T) {
+			got, err := throttle.BookSeries(ctx, c.claims, c.ids, time.Time{}, c.minAhead, c.maxWait, c.opts...)
+			if !errors.Is(err, throttle.ErrMisuse) || !strings.Contains(err.Error(), c.want) || got != nil {
+				t.Fatalf("= %v, %v; want ErrMisuse saying %q", got, err, c.want)
+			}
+		})
+	}
+	if _, err := throttle.Book(ctx, claims, time.Time{}, 0, throttle.RemindEach("w", nil, 0, 0)); !errors.Is(err, throttle.ErrMisuse) {
+		t.Fatalf("Book with RemindEach: %v; want ErrMisuse", err)
+	}
+	if d := allow(t, drain, "q", 1); !d.Allowed {
+		t.Fatalf("after the refused series, AllowN = %+v; want allowed: nothing was counted", d)
+	}
+}
+
+// TestBookSeriesSlots: on a cluster, claims in two slots are booked one
+// Book per id, with the same turns as those Books give on twin limiters
+// and no reminder (no one script run reaches the set); claims in one slot
+// with the set in another book in one run, without reminders.
+func TestBookSeriesSlots(t *testing.T) {
+	ctx := context.Background()
+	e := engines(t)[3]
+	if e.name != "cluster" {
+		t.Fatalf("engine %s, want the cluster", e.name)
+	}
+	clock := testkit.NewClock(t0)
+	wake := "{q}:" + redistest.Prefix(t) + "wake"
+	type pair struct{ drain, quota throttle.Reserver }
+	series := pair{mustNew(t, e, drainSpec, clock, "s-drain"), mustNew(t, e, quotaSpec, clock, "s-quota")}
+	books := pair{mustNew(t, e, drainSpec, clock, "b-drain"), mustNew(t, e, quotaSpec, clock, "b-quota")}
+	claims := func(p pair, id string) []throttle.Claim {
+		return []throttle.Claim{{Limiter: p.drain, Key: "q", N: 1, ID: id}, {Limiter: p.quota, Key: "api", N: 1, ID: id}}
+	}
+	ids := []string{"t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"}
+	members := []string{"m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8"}
+	book(t, claims(series, ""), time.Time{}, time.Second)
+	book(t, claims(books, ""), time.Time{}, time.Second)
+	got, err := throttle.BookSeries(ctx, claims(series, ""), ids, time.Time{}, 10*ms, 350*ms, throttle.RemindEach(wake, members, 0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []throttle.Booking
+	for _, id := range ids {
+		bk := book(t, claims(books, id), time.Time{}, 350*ms)
+		if !bk.OK {
+			break
+		}
+		want = append(want, bk)
+	}
+	if len(got) != 7 || !reflect.DeepEqual(got, want) {
+		t.Fatalf("series on two slots = %+v;\nwant %+v (7 turns, up to +300ms)", got, want)
+	}
+	for i, bk := range got {
+		if bk.Reminded {
+			t.Fatalf("turn %d on two slots says it was noted", i)
+		}
+	}
+	if n := e.rdb.Exists(ctx, wake).Val(); n != 0 {
+		t.Fatalf("a series on two slots wrote the reminders' set")
+	}
+	// One slot, the set in another: booked, not noted.
+	drain := mustNew(t, e, drainSpec, clock, "one-slot")
+	elsewhere := "{elsewhere}:" + redistest.Prefix(t) + "wake"
+	got, err = throttle.BookSeries(ctx, []throttle.Claim{{Limiter: drain, Key: "q", N: 1}}, ids[:3], time.Time{}, 0, time.Second, throttle.RemindEach(elsewhere, members[:3], 0, 0))
+	if err != nil || len(got) != 3 || got[2].Reminded || got[2].Delay != 80*ms {
+		t.Fatalf("series in one slot, the set in another = %+v, %v; want 3 turns, none noted", got, err)
+	}
+	if n := e.rdb.Exists(ctx, elsewhere).Val(); n != 0 {
+		t.Fatalf("the set in another slot was written")
+	}
+}
+
+// TestBookSeriesRedisFails: a series whose Redis fails returns the error
+// and no bookings, whatever its limiters' failure policy (allow and local
+// too): its caller books the tasks one by one, where the policies apply.
+func TestBookSeriesRedisFails(t *testing.T) {
+	ctx := context.Background()
+	clock := testkit.NewClock(t0)
+	newDead := deadLimiters(t, clock)
+	for _, policy := range []string{throttle.OnRedisErrorDeny, throttle.OnRedisErrorAllow, throttle.OnRedisErrorLocal} {
+		t.Run(policy, func(t *testing.T) {
+			claims := []throttle.Claim{{Limiter: newDead(policy), Key: "q", N: 1}}
+			got, err := throttle.BookSeries(ctx, claims, []string{"a", "b"}, time.Time{}, 0, time.Second)
+			if err == nil || got != nil || !strings.Contains(err.Error(), "BookSeries booked nothing") {
+				t.Fatalf("series on a dead Redis = %+v, %v; want no bookings and the error", got, err)
+			}
+			if _, err := throttle.Book(ctx, []throttle.Claim{{Limiter: claims[0].Limiter, Key: "q", N: 1, ID: "a"}}, time.Time{}, time.Second); (err != nil) != (policy == throttle.OnRedisErrorDeny) {
+				t.Fatalf("the Book one by one after it: %v; want the %s policy's outcome", err, policy)
+			}
+		})
+	}
+}
+
+// TestBookSeriesLostReply: a series whose reply is lost may have run: it
+// returns the error, and the Books one by one that follow get the turns
+// it booked back under their IDs (Kept), counting nothing twice (its
+// minAhead above 0: a turn at now would not be kept).
+func TestBookSeriesLostReply(t *testing.T) {
+	ctx := context.Background()
+	for name, p := range lossyPairs(t, drainSpec, "q") {
+		t.Run(name, func(t *testing.T) {
+			ids := []string{"t1", "t2", "t3"}
+			claims := func(lim throttle.Reserver, id string) []throttle.Claim {
+				return []throttle.Claim{{Limiter: lim, Key: "q", N: 1, ID: id}}
+			}
+			book(t, claims(p.direct, ""), time.Time{}, time.Second) // the turn now
+			p.loseNext(t)
+			if got, err := throttle.BookSeries(ctx, claims(p.lossy, ""), ids, time.Time{}, time.Millisecond, time.Second); err == nil || got != nil {
+				t.Fatalf("series whose reply was lost = %+v, %v; want an error", got, err)
+			}
+			for i, id := range ids {
+				bk := book(t, claims(p.direct, id), time.Time{}, time.Second)
+				if !bk.OK || bk.Delay != time.Duration(i+1)*40*ms || !bk.Kept {
+					t.Fatalf("%s booked one by one = %+v; want the turn the series kept, +%v", id, bk, time.Duration(i+1)*40*ms)
+				}
+			}
+		})
+	}
+}
+
+// TestBookSeriesCommands counts the Redis commands (INFO commandstats,
+// those scripts call included) of 256 turns booked by 256 Books, each
+// with its ID as the parker books a task, and by one BookSeries, on
+// Redis's clock, on a server of its own: on one claim (a drain of 25/s)
+// and two in one slot (the drain and a quota of 100/s, which the drain's
+// turns keep within), with and without a reminder per turn; and on the
+// drain and a quota slower than it (10/s, burst 5). A quota's turns
+// booked ahead 40ms apart are a span each in its sorted set of spans (and
+// the slower quota's leave the drain's bucket a span per turn too), which
+// each turn's search reads, in a series as in a Book: the series saves
+// the script call, TIME, the GETs and writes of the states and of the
+// kept turns, not those reads. It logs the table, and holds a series on
+// one claim to 1.1 commands a turn (one SET of each kept turn; the rest
+// once), and on two to 9 a turn fewer than Books.
+func TestBookSeriesCommands(t *testing.T) {
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t, "--appendonly", "no").Addr})
+	t.Cleanup(func() { rdb.Close() })
+	const turns = 256
+	commands := func() (total int64, by map[string]int64) {
+		by = map[string]int64{}
+		for _, line := range strings.Split(rdb.Info(ctx, "commandstats").Val(), "\n") {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+			if !ok || name == "info" || name == "config|resetstat" {
+				continue
+			}
+			calls, _, _ := strings.Cut(rest, ",")
+			var n int64
+			fmt.Sscan(calls, &n)
+			by[name], total = n, total+n
+		}
+		return total, by
+	}
+	roomyQuota := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 100, Period: time.Second, Burst: 10}
+	run := 0
+	measure := func(claimsN int, remind, slowQuota, series bool) (perTurn float64, by map[string]int64) {
+		run++
+		prefix := fmt.Sprintf("%sr%d:", redistest.Prefix(t), run)
+		specs := []throttle.Spec{drainSpec, roomyQuota}[:claimsN]
+		if slowQuota {
+			specs[1] = quotaSpec
+		}
+		var claims []throttle.Claim
+		for i, spec := range specs {
+			lim, err := throttle.New(rdb, spec, throttle.WithPrefix(fmt.Sprintf("%s%d:", prefix, i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			claims = append(claims, throttle.Claim{Limiter: lim, Key: "q", N: 1})
+		}
+		ids, members := make([]string, turns), make([]string, turns)
+		for i := range ids {
+			ids[i], members[i] = fmt.Sprint("booking-", i), fmt.Sprint("task-", i)
+		}
+		wake := "{q}:" + prefix + "wake"
+		// The turn now, then the library loaded: neither counted.
+		if _, err := throttle.Book(ctx, claims, time.Time{}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := throttle.BookSeries(ctx, claims, []string{"warm"}, time.Time{}, ms, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		rdb.ConfigResetStat(ctx)
+		booked := 0
+		if series {
+			var opts []throttle.BookOption
+			opts = append(opts, throttle.MaxLate(time.Second))
+			if remind {
+				opts = append(opts, throttle.RemindEach(wake, members, 0, 0))
+			}
+			got, err := throttle.BookSeries(ctx, claims, ids, time.Time{}, ms, time.Minute, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			booked = len(got)
+		} else {
+			for i, id := range ids {
+				opts := []throttle.BookOption{throttle.MaxLate(time.Second)}
+				if remind {
+					opts = append(opts, throttle.Remind(wake, members[i], 0, 0))
+				}
+				turn := slices.Clone(claims)
+				for k := range turn {
+					turn[k].ID = id
+				}
+				bk, err := throttle.Book(ctx, turn, time.Time{}, time.Minute, opts...)
+				if err != nil || !bk.OK {
+					t.Fatalf("Book %d = %+v, %v", i, bk, err)
+				}
+				booked++
+			}
+		}
+		if booked != turns {
+			t.Fatalf("%d turns booked, want %d", booked, turns)
+		}
+		total, by := commands()
+		return float64(total) / turns, by
+	}
+	t.Logf("Redis commands per turn, %d turns (INFO commandstats, scripts' commands included):", turns)
+	t.Logf("%-28s %8s %8s", "", "Books", "series")
+	for _, c := range []struct {
+		desc         string
+		claims       int
+		remind, slow bool
+	}{
+		{"one claim", 1, false, false}, {"one claim, reminded", 1, true, false},
+		{"two claims", 2, false, false}, {"two claims, reminded", 2, true, false},
+		{"two claims, slower quota", 2, true, true},
+	} {
+		books, byBook := measure(c.claims, c.remind, c.slow, false)
+		series, bySeries := measure(c.claims, c.remind, c.slow, true)
+		t.Logf("%-28s %8.2f %8.2f   Books %v; series %v", c.desc, books, series, byBook, bySeries)
+		if c.claims == 1 && series > 1.1 {
+			t.Errorf("%s: a series costs %.2f commands a turn; want at most 1.1", c.desc, series)
+		}
+		if c.claims == 2 && series > books-9 {
+			t.Errorf("%s: a series costs %.2f commands a turn, Books %.2f; want 9 fewer", c.desc, series, books)
+		}
+	}
 }
