@@ -126,10 +126,9 @@ const (
 	OpCancel = "cancel" // give back every claim's GiveBack
 	OpBlock  = "block"  // block every claim's key for NotBefore µs; Result.At is until when
 	OpPeek   = "peek"   // the twin of Peek: Remaining, and in RetryAfter how long the key is still blocked
-	// OpSeries books a turn for each of IDs, one after another: the twin
-	// of Series, run by its own script (lua/series.lua). Its claims have no
-	// ID, GiveBack, Member, RecentKey or Replaces; each has a KeptKey per
-	// ID. Result is the booked turns (Series).
+	// OpSeries books a turn for each of Op.Series.IDs, one after another:
+	// the twin of Series, run by its own script (lua/series.lua). Its
+	// claims have no ID, GiveBack, Member, RecentKey or Replaces.
 	OpSeries = "series"
 )
 
@@ -154,9 +153,6 @@ type OpClaim struct {
 	// Params, made once for the limit: the lean script's arguments that do
 	// not change from call to call.
 	Lean *LeanArgs
-	// KeptKeys (OpSeries): where the turn of each of Op.IDs is kept, in
-	// the same slot.
-	KeptKeys []string
 }
 
 // Replaced is a limit that another replaced (a live change), as a claim
@@ -175,8 +171,23 @@ type Remind struct {
 	Lead, After int64
 }
 
+// SeriesOp is what an OpSeries asks beyond an Op's book (NotBefore,
+// MaxWait, Late, Slack), and once run, its outcome: kept apart from Op,
+// which every decision allocates, so that they stay small.
+type SeriesOp struct {
+	// IDs: one turn for each, in order; none may have a turn kept under it.
+	IDs []string
+	// KeptKeys: where each turn is kept, per turn and claim: the key of
+	// claim i's turn t is KeptKeys[t*len(Op.Claims)+i], in the claims' slot.
+	KeptKeys []string
+	MinAhead int64       // a turn less than this many µs from now is not booked
+	Reminds  *RemindEach // where to note the turns, or nil
+
+	Booked []Booking // the turns booked, in order
+}
+
 // RemindEach has a series note each turn in a sorted set, in the same run:
-// the turn's member (Members[i] for the i-th of Op.IDs) scored Lead µs
+// the turn's member (Members[i] for the i-th of SeriesOp.IDs) scored Lead µs
 // before the turn, if the turn is more than After µs away; one ZADD for
 // all of them.
 type RemindEach struct {
@@ -200,14 +211,9 @@ type Op struct {
 	// NoPieces: the caller gives nothing back (AllowN), so Result's claims
 	// are left without Pieces, which would be formatted for nothing.
 	NoPieces bool
-	// IDs (OpSeries): one turn for each, in order; none may have a turn
-	// kept under it.
-	IDs      []string
-	MinAhead int64       // OpSeries: a turn less than this many µs from now is not booked
-	Reminds  *RemindEach // OpSeries: where to note the turns, or nil
+	Series   *SeriesOp // OpSeries: its turns, and once run what it booked
 
 	Result Booking
-	Series []Booking // OpSeries: the turns booked, in order
 	Err    error
 
 	counted [1]Counted // Result.Claims of an op of one claim: no allocation of its own
@@ -780,17 +786,13 @@ func (onceCmd) NoRetry() bool { return true }
 // seriesKeys are lua/series.lua's KEYS: each claim's state and aux keys,
 // then each turn's kept keys, claim by claim, and the remind's set.
 func (op *Op) seriesKeys() []string {
-	keys := make([]string, 0, (2+len(op.IDs))*len(op.Claims)+1)
+	keys := make([]string, 0, 2*len(op.Claims)+len(op.Series.KeptKeys)+1)
 	for _, c := range op.Claims {
 		keys = append(keys, c.Key, c.Aux)
 	}
-	for t := range op.IDs {
-		for _, c := range op.Claims {
-			keys = append(keys, c.KeptKeys[t])
-		}
-	}
-	if op.Reminds != nil {
-		keys = append(keys, op.Reminds.Key)
+	keys = append(keys, op.Series.KeptKeys...)
+	if r := op.Series.Reminds; r != nil {
+		keys = append(keys, r.Key)
 	}
 	return keys
 }
@@ -801,13 +803,14 @@ func (op *Op) seriesArgs() []any {
 	if op.Now != Now {
 		clock = strconv.FormatInt(op.Now, 10)
 	}
-	args := make([]any, 0, 8+6*len(op.Claims)+2+len(op.IDs))
-	args = append(args, clock, op.NotBefore, op.MaxWait, op.MinAhead, op.Slack, op.Late, len(op.Claims), len(op.IDs))
+	sr := op.Series
+	args := make([]any, 0, 8+6*len(op.Claims)+2+len(sr.IDs))
+	args = append(args, clock, op.NotBefore, op.MaxWait, sr.MinAhead, op.Slack, op.Late, len(op.Claims), len(sr.IDs))
 	for _, c := range op.Claims {
 		p := c.Params
 		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N)
 	}
-	if r := op.Reminds; r != nil {
+	if r := sr.Reminds; r != nil {
 		args = append(args, r.Lead, r.After)
 		for _, m := range r.Members {
 			args = append(args, m)
@@ -816,7 +819,7 @@ func (op *Op) seriesArgs() []any {
 	return args
 }
 
-// finishSeries sets op.Series from lua/series.lua's reply: {now, booked,
+// finishSeries sets op.Series.Booked from lua/series.lua's reply: {now, booked,
 // then per turn: at, reminded, then per claim: remaining, reset_after,
 // pieces}.
 func (op *Op) finishSeries(reply []any) error {
@@ -829,11 +832,11 @@ func (op *Op) finishSeries(reply []any) error {
 	}
 	now, booked, k := head[0], head[1], len(op.Claims)
 	per := 2 + 3*k
-	if booked < 0 || booked > int64(len(op.IDs)) || int64(len(reply)) != 2+booked*int64(per) {
+	if booked < 0 || booked > int64(len(op.Series.IDs)) || int64(len(reply)) != 2+booked*int64(per) {
 		return fmt.Errorf("algorithms: series script replied %d values for %d turns booked of %d claims", len(reply), booked, k)
 	}
-	op.Series = make([]Booking, booked)
-	for t := range op.Series {
+	op.Series.Booked = make([]Booking, booked)
+	for t := range op.Series.Booked {
 		v := reply[2+t*per : 2+(t+1)*per]
 		var turn [2]int64
 		if err := intsOf(v[:2], turn[:]); err != nil {
@@ -851,7 +854,7 @@ func (op *Op) finishSeries(reply []any) error {
 			}
 			b.Claims[i] = Counted{Remaining: x[0], ResetAfter: x[1], Pieces: pieces, Keep: b.At > now}
 		}
-		op.Series[t] = b
+		op.Series.Booked[t] = b
 	}
 	return nil
 }

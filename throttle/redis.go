@@ -132,7 +132,7 @@ func (s redisSite) reaches(key string) bool {
 func (s redisSite) run(ctx context.Context, st *step) error {
 	first := st.parts[0].lim.(*redisLimiter)
 	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late, Remind: st.remind,
-		Claims: make([]algorithms.OpClaim, 0, len(st.parts)), IDs: st.ids, MinAhead: st.minAhead, Reminds: st.reminds}
+		Claims: make([]algorithms.OpClaim, 0, len(st.parts))}
 	if first.clock != nil {
 		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()
 	}
@@ -161,13 +161,15 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		if st.giveBack != nil {
 			c.GiveBack = st.giveBack[i]
 		}
-		if st.ids != nil {
-			c.KeptKeys = make([]string, len(st.ids))
-			for t, id := range st.ids {
-				c.KeptKeys[t] = keptKey(state, id)
+		op.Claims = append(op.Claims, c)
+	}
+	if st.ids != nil {
+		op.Series = &algorithms.SeriesOp{IDs: st.ids, MinAhead: st.minAhead, Reminds: st.reminds, KeptKeys: make([]string, 0, len(st.ids)*len(op.Claims))}
+		for _, id := range st.ids {
+			for _, c := range op.Claims {
+				op.Series.KeptKeys = append(op.Series.KeptKeys, keptKey(c.Key, id))
 			}
 		}
-		op.Claims = append(op.Claims, c)
 	}
 	if err := s.calls.do(ctx, op); err != nil {
 		return err
@@ -175,7 +177,10 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 	if err := opError(op); err != nil {
 		return err
 	}
-	st.out, st.series = op.Result, op.Series
+	st.out = op.Result
+	if op.Series != nil {
+		st.series = op.Series.Booked
+	}
 	return nil
 }
 
