@@ -193,33 +193,7 @@ func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late int64)
 		forgotten[i] = b.Claims[i].Forget
 	}
 	start := max(now, notBefore)
-	// Each claim alone first: its own wait tells a caller which limit
-	// refused. A block beyond maxWait refuses without a search.
-	at := start
-	for i, c := range claims {
-		from := max(start, c.Blocked)
-		own := from
-		if from-now <= maxWait {
-			own = c.State.Earliest(c.Params, from, c.N)
-		}
-		b.Claims[i].RetryAfter = own - now
-		at = max(at, own)
-	}
-	// One claim's own earliest turn is the turn.
-	settled := len(claims) == 1 && at-now <= maxWait
-	for pass := 0; !settled && pass < maxPasses && at-now <= maxWait; pass++ {
-		next := at
-		for _, c := range claims {
-			if next = c.State.Earliest(c.Params, next, c.N); next-now > maxWait {
-				break
-			}
-		}
-		if next == at {
-			settled = true
-			break
-		}
-		at = next
-	}
+	at, settled := search(claims, now, start, maxWait, b.Claims)
 	b.At = at
 	if !settled || at-now > maxWait || (exact && at != start) {
 		for i, c := range claims {
@@ -233,15 +207,89 @@ func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late int64)
 	}
 	b.OK = true
 	for i, c := range claims {
-		b.Claims[i] = Counted{
-			Pieces:     c.State.Record(c.Params, at, c.N),
-			Remaining:  c.State.Room(c.Params, at),
-			ResetAfter: at - now + c.State.ResetAfter(c.Params, at),
-			Keep:       c.ID != "" && at > now,
-			Forget:     forgotten[i],
-		}
+		b.Claims[i] = record(c, now, at)
+		b.Claims[i].Keep = c.ID != "" && at > now
+		b.Claims[i].Forget = forgotten[i]
 	}
 	return b
+}
+
+// search is the earliest instant, from start on, at which every claim
+// fits, and whether it was found within maxWait µs of now; counted gets
+// each claim's own wait (RetryAfter). A block beyond maxWait refuses
+// without a search.
+func search(claims []Claim, now, start, maxWait int64, counted []Counted) (at int64, settled bool) {
+	// Each claim alone first: its own wait tells a caller which limit
+	// refused.
+	at = start
+	for i, c := range claims {
+		from := max(start, c.Blocked)
+		own := from
+		if from-now <= maxWait {
+			own = c.State.Earliest(c.Params, from, c.N)
+		}
+		counted[i].RetryAfter = own - now
+		at = max(at, own)
+	}
+	// One claim's own earliest turn is the turn.
+	settled = len(claims) == 1 && at-now <= maxWait
+	for pass := 0; !settled && pass < maxPasses && at-now <= maxWait; pass++ {
+		next := at
+		for _, c := range claims {
+			if next = c.State.Earliest(c.Params, next, c.N); next-now > maxWait {
+				break
+			}
+		}
+		if next == at {
+			settled = true
+			break
+		}
+		at = next
+	}
+	return at, settled
+}
+
+// record counts c's events at at, decided at now.
+func record(c Claim, now, at int64) Counted {
+	return Counted{
+		Pieces:     c.State.Record(c.Params, at, c.N),
+		Remaining:  c.State.Room(c.Params, at),
+		ResetAfter: at - now + c.State.ResetAfter(c.Params, at),
+	}
+}
+
+// MaxSeries bounds the turns of one Series: one script run books them all,
+// and holds the server meanwhile.
+const MaxSeries = 1024
+
+// Series books turns one after another on claims: what that many Books of
+// the claims at now, not before notBefore and at most maxWait µs away,
+// each with every claim's ID naming its turn and nothing kept under it,
+// would book, in order. It stops at the first turn that is not OK or is
+// less than minAhead µs from now (its time has come: its caller books it
+// with Book), counting nothing for it and the turns after it, and returns
+// the booked ones (Keep set where a turn is after now). The claims' ID,
+// Kept and GiveBack are not read. The twin of lua/series.lua.
+func Series(claims []Claim, turns int, now, notBefore, maxWait, minAhead int64) []Booking {
+	for _, c := range claims {
+		c.State.Trim(c.Params, now)
+	}
+	start := max(now, notBefore)
+	var booked []Booking
+	for range turns {
+		b := Booking{OK: true, Now: now, Claims: make([]Counted, len(claims))}
+		at, settled := search(claims, now, start, maxWait, b.Claims)
+		if !settled || at-now > maxWait || at-now < minAhead {
+			break
+		}
+		b.At = at
+		for i, c := range claims {
+			b.Claims[i] = record(c, now, at)
+			b.Claims[i].Keep = at > now
+		}
+		booked = append(booked, b)
+	}
+	return booked
 }
 
 // keptTurn is the instant of the turn every claim keeps under its ID, if

@@ -30,6 +30,9 @@ type Script struct {
 	// allow holds, by algorithm, the lean scripts of one limit's AllowN or
 	// ReserveN (see Op.lean); nil for a script without them.
 	allow map[string]*redis.Script
+	// series runs OpSeries (lua/series.lua); nil for a script without it.
+	series       *redis.Script
+	seriesSource string
 	// function is the script's function (and, with "_allow", the lean
 	// one's), its library named after it; "" for a script that runs only
 	// as a script.
@@ -40,12 +43,16 @@ type Script struct {
 	leanFunctions map[string]any // boxed once, as allowHashes
 	allowHashes   map[string]any // the lean scripts' SHA1s
 	bookBuckets   string
+	seriesFunc    string
 	// scriptsOnly holds the clients that run the script, not the function.
 	scriptsOnly sync.Map // redis.UniversalClient -> struct{}
 }
 
-func newScript(source string, allow map[string]string, library func(name string) string) *Script {
+func newScript(source string, allow map[string]string, series string, library func(name string) string) *Script {
 	s := &Script{source: source, script: redis.NewScript(source)}
+	if series != "" {
+		s.series, s.seriesSource = redis.NewScript(series), series
+	}
 	if allow != nil {
 		s.allow = map[string]*redis.Script{}
 		s.allowHashes = map[string]any{}
@@ -61,6 +68,7 @@ func newScript(source string, allow map[string]string, library func(name string)
 		s.function = "sluice_" + hex.EncodeToString(sum[:8])
 		s.library = library(s.function)
 		s.bookBuckets = s.function + "_book_buckets"
+		s.seriesFunc = s.function + "_series"
 		s.leanFunctions = map[string]any{
 			FixedWindow.Name: s.function + "_window", SlidingCounter.Name: s.function + "_counter", SlidingLog.Name: s.function + "_log",
 			TokenBucket.Name: s.function + "_bucket", LeakyBucket.Name: s.function + "_bucket",
@@ -70,8 +78,8 @@ func newScript(source string, allow map[string]string, library func(name string)
 }
 
 // BookScript runs an operation on the limits of one cluster slot: the
-// twin of Book, Peek and the giving back and blocking around them.
-var BookScript = newScript(lua.Book, lua.Allow, lua.BookLibrary)
+// twin of Book, Series, Peek and the giving back and blocking around them.
+var BookScript = newScript(lua.Book, lua.Allow, lua.Series, lua.BookLibrary)
 
 // Source returns the full text of the script.
 func (s *Script) Source() string { return s.source }
@@ -83,11 +91,16 @@ func (s *Script) Hash() string { return s.script.Hash() }
 // a script only.
 func (s *Script) Function() string { return s.function }
 
-// Load caches the script, and its lean scripts, on the server(s) rdb
-// talks to.
+// Load caches the script, and its lean and series scripts, on the
+// server(s) rdb talks to.
 func (s *Script) Load(ctx context.Context, rdb redis.Scripter) error {
 	if err := s.script.Load(ctx, rdb).Err(); err != nil {
 		return err
+	}
+	if s.series != nil {
+		if err := s.series.Load(ctx, rdb).Err(); err != nil {
+			return err
+		}
 	}
 	for _, a := range s.allow {
 		if err := a.Load(ctx, rdb).Err(); err != nil {
@@ -113,6 +126,10 @@ const (
 	OpCancel = "cancel" // give back every claim's GiveBack
 	OpBlock  = "block"  // block every claim's key for NotBefore µs; Result.At is until when
 	OpPeek   = "peek"   // the twin of Peek: Remaining, and in RetryAfter how long the key is still blocked
+	// OpSeries books a turn for each of Op.Series.IDs, one after another:
+	// the twin of Series, run by its own script (lua/series.lua). Its
+	// claims have no ID, GiveBack, Member, RecentKey or Replaces.
+	OpSeries = "series"
 )
 
 // OpClaim is one claim of an Op: n events on one key.
@@ -154,6 +171,31 @@ type Remind struct {
 	Lead, After int64
 }
 
+// SeriesOp is what an OpSeries asks beyond an Op's book (NotBefore,
+// MaxWait, Late, Slack), and once run, its outcome: kept apart from Op,
+// which every decision allocates, so that they stay small.
+type SeriesOp struct {
+	// IDs: one turn for each, in order; none may have a turn kept under it.
+	IDs []string
+	// KeptKeys: where each turn is kept, per turn and claim: the key of
+	// claim i's turn t is KeptKeys[t*len(Op.Claims)+i], in the claims' slot.
+	KeptKeys []string
+	MinAhead int64       // a turn less than this many µs from now is not booked
+	Reminds  *RemindEach // where to note the turns, or nil
+
+	Booked []Booking // the turns booked, in order
+}
+
+// RemindEach has a series note each turn in a sorted set, in the same run:
+// the turn's member (Members[i] for the i-th of SeriesOp.IDs) scored Lead µs
+// before the turn, if the turn is more than After µs away; one ZADD for
+// all of them.
+type RemindEach struct {
+	Key         string // in the claims' slot
+	Members     []string
+	Lead, After int64
+}
+
 // Op is one run of the book script and, once run, its outcome.
 type Op struct {
 	Now       int64 // µs, or Now for Redis TIME
@@ -169,6 +211,7 @@ type Op struct {
 	// NoPieces: the caller gives nothing back (AllowN), so Result's claims
 	// are left without Pieces, which would be formatted for nothing.
 	NoPieces bool
+	Series   *SeriesOp // OpSeries: its turns, and once run what it booked
 
 	Result Booking
 	Err    error
@@ -416,6 +459,10 @@ func (op *Op) finish(cmd *redis.Cmd) {
 	reply, err := cmd.Slice()
 	if err != nil {
 		op.Err = err
+		return
+	}
+	if op.Name == OpSeries {
+		op.Err = op.finishSeries(reply)
 		return
 	}
 	k := len(op.Claims)
@@ -668,12 +715,18 @@ func (s *Script) fcall(ctx context.Context, op *Op) *redis.Cmd {
 	if s.allow != nil && op.bookBuckets() {
 		return command(ctx, "fcall", s.bookBuckets, op.bookBucketsKeys(), op.bookBucketsArgs())
 	}
+	if op.Name == OpSeries {
+		return command(ctx, "fcall", s.seriesFunc, op.seriesKeys(), op.seriesArgs())
+	}
 	return command(ctx, "fcall", s.function, op.keys(), op.args())
 }
 
 func (s *Script) evalsha(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
 		return op.leanCommand(ctx, "evalsha", s.allowHashes[op.Claims[0].Algorithm.Name])
+	}
+	if op.Name == OpSeries {
+		return command(ctx, "evalsha", s.series.Hash(), op.seriesKeys(), op.seriesArgs())
 	}
 	return command(ctx, "evalsha", s.Hash(), op.keys(), op.args())
 }
@@ -682,6 +735,9 @@ func (s *Script) eval(ctx context.Context, op *Op) *redis.Cmd {
 	if s.lean(op) {
 		// redis.Script keeps its source unexported: it is the lean source.
 		return op.leanCommand(ctx, "eval", lua.Allow[op.Claims[0].Algorithm.Name])
+	}
+	if op.Name == OpSeries {
+		return command(ctx, "eval", s.seriesSource, op.seriesKeys(), op.seriesArgs())
 	}
 	return command(ctx, "eval", s.source, op.keys(), op.args())
 }
@@ -726,3 +782,79 @@ type onceCmd struct{ *redis.Cmd }
 
 // NoRetry implements redis.Cmder.
 func (onceCmd) NoRetry() bool { return true }
+
+// seriesKeys are lua/series.lua's KEYS: each claim's state and aux keys,
+// then each turn's kept keys, claim by claim, and the remind's set.
+func (op *Op) seriesKeys() []string {
+	keys := make([]string, 0, 2*len(op.Claims)+len(op.Series.KeptKeys)+1)
+	for _, c := range op.Claims {
+		keys = append(keys, c.Key, c.Aux)
+	}
+	keys = append(keys, op.Series.KeptKeys...)
+	if r := op.Series.Reminds; r != nil {
+		keys = append(keys, r.Key)
+	}
+	return keys
+}
+
+// seriesArgs are lua/series.lua's ARGV.
+func (op *Op) seriesArgs() []any {
+	clock := ""
+	if op.Now != Now {
+		clock = strconv.FormatInt(op.Now, 10)
+	}
+	sr := op.Series
+	args := make([]any, 0, 8+6*len(op.Claims)+2+len(sr.IDs))
+	args = append(args, clock, op.NotBefore, op.MaxWait, sr.MinAhead, op.Slack, op.Late, len(op.Claims), len(sr.IDs))
+	for _, c := range op.Claims {
+		p := c.Params
+		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N)
+	}
+	if r := sr.Reminds; r != nil {
+		args = append(args, r.Lead, r.After)
+		for _, m := range r.Members {
+			args = append(args, m)
+		}
+	}
+	return args
+}
+
+// finishSeries sets op.Series.Booked from lua/series.lua's reply: {now, booked,
+// then per turn: at, reminded, then per claim: remaining, reset_after,
+// pieces}.
+func (op *Op) finishSeries(reply []any) error {
+	var head [2]int64
+	if len(reply) < 2 {
+		return fmt.Errorf("algorithms: series script replied %d values, want at least 2", len(reply))
+	}
+	if err := intsOf(reply[:2], head[:]); err != nil {
+		return err
+	}
+	now, booked, k := head[0], head[1], len(op.Claims)
+	per := 2 + 3*k
+	if booked < 0 || booked > int64(len(op.Series.IDs)) || int64(len(reply)) != 2+booked*int64(per) {
+		return fmt.Errorf("algorithms: series script replied %d values for %d turns booked of %d claims", len(reply), booked, k)
+	}
+	op.Series.Booked = make([]Booking, booked)
+	for t := range op.Series.Booked {
+		v := reply[2+t*per : 2+(t+1)*per]
+		var turn [2]int64
+		if err := intsOf(v[:2], turn[:]); err != nil {
+			return err
+		}
+		b := Booking{OK: true, Reminded: turn[1] == 1, Now: now, At: turn[0], Claims: make([]Counted, k)}
+		for i := range b.Claims {
+			var x [2]int64
+			if err := intsOf(v[2+3*i:4+3*i], x[:]); err != nil {
+				return err
+			}
+			pieces, ok := v[4+3*i].(string)
+			if !ok {
+				return fmt.Errorf("algorithms: series script replied pieces %v, want a string", v[4+3*i])
+			}
+			b.Claims[i] = Counted{Remaining: x[0], ResetAfter: x[1], Pieces: pieces, Keep: b.At > now}
+		}
+		op.Series.Booked[t] = b
+	}
+	return nil
+}

@@ -12,8 +12,10 @@
 // Each constructor mirrors its Go twin in package algorithms. Allow is
 // one limit's AllowN or ReserveN per algorithm, with only that algorithm's
 // code and its quick decision on the states most calls find
-// (allow_*.lua, allow_limit.lua for the rest); BookLibrary holds Book,
-// Allow and a two-bucket Book (book_buckets.lua) as Redis 7 functions,
+// (allow_*.lua, allow_limit.lua for the rest). Series (series.lua) books
+// a turn for each of several IDs, one after another, on the same limits
+// in one run, with the same constructors. BookLibrary holds Book, Allow,
+// a two-bucket Book (book_buckets.lua) and Series as Redis 7 functions,
 // defined once when loaded.
 package lua
 
@@ -31,6 +33,11 @@ var bookParts = []string{"common.lua", "counter.lua", "sliding_log.lua", "bucket
 // Book runs an operation on the limits of one cluster slot (see book.lua).
 var Book = join(append(bookParts, "book.lua")...)
 
+// Series books one turn for each of several IDs, one after another, on the
+// limits of one cluster slot, in one run (see series.lua): a script of its
+// own, so that Book's runs do none of its work.
+var Series = join(append(bookParts, "series.lua")...)
+
 // BookLibrary is Book as a Redis 7 function library named name whose
 // function name runs Book with the same KEYS and ARGV: loaded once
 // (FUNCTION LOAD), its functions are defined once, where EVAL and EVALSHA
@@ -42,15 +49,18 @@ var Book = join(append(bookParts, "book.lua")...)
 // name + "_window", "_counter", "_log" and "_bucket" Allow's of the fixed
 // window, the sliding counter, the sliding log and the buckets; name +
 // "_book_buckets" a Book on two buckets of one slot with nothing else
-// asked (book_buckets.lua), which has no script.
+// asked (book_buckets.lua), which has no script; name + "_series" runs
+// Series.
 func BookLibrary(name string) string {
 	lib := "#!lua name=" + name + "\nlocal KEYS, ARGV\n" + join(bookParts...) + join("allow_limit.lua") +
-		"local function book()\n" + join("book.lua") + "end\n" + join("book_buckets_slow.lua")
-	for _, f := range []struct{ suffix, file string }{
-		{"", ""}, {"_window", "allow_window.lua"}, {"_counter", "allow_counter.lua"}, {"_log", "allow_log.lua"},
-		{"_bucket", "allow_bucket.lua"}, {"_book_buckets", "book_buckets.lua"},
+		"local function book()\n" + join("book.lua") + "end\n" + join("book_buckets_slow.lua") +
+		"local function series()\n" + join("series.lua") + "end\n"
+	// A function runs the body defined above (book, series) or its own file's.
+	for _, f := range []struct{ suffix, file, body string }{
+		{"", "", "book"}, {"_window", "allow_window.lua", ""}, {"_counter", "allow_counter.lua", ""}, {"_log", "allow_log.lua", ""},
+		{"_bucket", "allow_bucket.lua", ""}, {"_book_buckets", "book_buckets.lua", ""}, {"_series", "", "series"},
 	} {
-		body := "book"
+		body := f.body
 		if f.file != "" {
 			body = "run" + f.suffix
 			lib += "local function " + body + "()\n" + join(f.file) + "end\n"

@@ -120,6 +120,9 @@ func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time
 	for _, opt := range opts {
 		opt(b)
 	}
+	if b.reminds != nil {
+		return Booking{}, fmt.Errorf("%w: RemindEach is an option of BookSeries; a Book notes its turn with Remind", ErrMisuse)
+	}
 	return b.book(ctx)
 }
 
@@ -182,6 +185,12 @@ type step struct {
 	giveBack  []string           // per part, or nil
 	remind    *algorithms.Remind // book: see Remind
 	out       algorithms.Booking
+	// series: a turn for each of ids (see BookSeries), none sooner than
+	// minAhead µs; series is the turns booked.
+	ids      []string
+	minAhead int64
+	reminds  *algorithms.RemindEach
+	series   []algorithms.Booking
 }
 
 func partsOf(claims []Claim) ([]*part, error) {
@@ -287,6 +296,7 @@ type booker struct {
 	maxWait   int64
 	late      int64
 	remind    *algorithms.Remind // see Remind
+	reminds   *remindEach        // see RemindEach: BookSeries only
 	moving    time.Time          // when the latest round that moved turns began
 }
 

@@ -231,6 +231,8 @@ func (localSite) run(_ context.Context, st *step) error {
 				c.State.GiveBack(c.Params, c.GiveBack, c.N)
 			}
 		}
+	case algorithms.OpSeries:
+		st.series = algorithms.Series(claims, len(st.ids), now, st.notBefore, st.maxWait, st.minAhead)
 	default:
 		notBefore := st.notBefore
 		if st.ahead > 0 {
@@ -243,6 +245,9 @@ func (localSite) run(_ context.Context, st *step) error {
 		e, c := entries[i], claims[i]
 		if i < len(st.out.Claims) {
 			keep(e, p.id, now, st.out.At, st.out.Claims[i], max(st.late, 0)+l.slack)
+		}
+		for t, turn := range st.series {
+			keep(e, st.ids[t], now, turn.At, turn.Claims[i], max(st.late, 0)+l.slack)
 		}
 		// The entry lives as long as the script would let its key live
 		// (the script sets the TTL on every call), and its kept turns.

@@ -163,6 +163,14 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		}
 		op.Claims = append(op.Claims, c)
 	}
+	if st.ids != nil {
+		op.Series = &algorithms.SeriesOp{IDs: st.ids, MinAhead: st.minAhead, Reminds: st.reminds, KeptKeys: make([]string, 0, len(st.ids)*len(op.Claims))}
+		for _, id := range st.ids {
+			for _, c := range op.Claims {
+				op.Series.KeptKeys = append(op.Series.KeptKeys, keptKey(c.Key, id))
+			}
+		}
+	}
 	if err := s.calls.do(ctx, op); err != nil {
 		return err
 	}
@@ -170,6 +178,9 @@ func (s redisSite) run(ctx context.Context, st *step) error {
 		return err
 	}
 	st.out = op.Result
+	if op.Series != nil {
+		st.series = op.Series.Booked
+	}
 	return nil
 }
 

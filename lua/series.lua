@@ -1,0 +1,113 @@
+-- series: one turn for each of several IDs, booked one after another on
+-- the same limits of one slot, in one run: what as many runs of book.lua
+-- would book, each with every claim's ID that turn's, without their
+-- per-turn clock, state reads and writes. The twin of algorithms.Series.
+-- The IDs must have no turn kept under them (they are not read).
+--
+-- KEYS[2i-1], KEYS[2i] -> claim i's state and aux keys (see each
+--            algorithm), i = 1..c
+-- KEYS[2c + c(t-1) + i] -> the key of claim i's turn kept under the ID of
+--            turn t, in the same slot (string "at;pieces", as book.lua's)
+-- KEYS[2c + c*T + 1] -> optional (a remind): a sorted set in the same
+--            slot, where a turn more than a wait away notes its member,
+--            scored a lead before the turn, all in one ZADD
+-- ARGV[1] -> now in µs, or '' to read Redis TIME
+-- ARGV[2] -> not before (µs)
+-- ARGV[3] -> the longest wait (µs)
+-- ARGV[4] -> the shortest (µs): a turn sooner than this is not booked
+-- ARGV[5] -> TTL slack (µs), added to every TTL
+-- ARGV[6] -> how long after its instant a kept turn is still given (µs;
+--            -1: however long)
+-- ARGV[7] -> c, how many claims
+-- ARGV[8] -> T, how many turns at most
+-- ARGV[9 + 6(i-1) ...] -> claim i: algorithm, limit, period, burst,
+--            windows, n
+-- ARGV[9 + 6c ...] -> a remind, optional: lead, wait (µs), then T members
+-- Output  -> {now, booked, then per turn booked: at, reminded (1 or 0),
+--            then per claim: remaining, reset_after, pieces}; times in µs,
+--            reset_after relative to now. The series stops at the first
+--            turn that is not booked: beyond the longest wait, sooner than
+--            the shortest, or not found (book.lua's refusal); nothing is
+--            counted for it and the turns after it.
+
+local constructors = {
+  fixed_window = new_counter, sliding_counter = new_sliding_counter,
+  sliding_log = new_sliding_log,
+  token_bucket = new_bucket, leaky_bucket = new_bucket,
+}
+local MAX_PASSES = 16 -- see maxPasses in algorithms.go
+
+local now = clock()
+local max_wait, min_ahead = tonumber(ARGV[3]), tonumber(ARGV[4])
+local slack, late = tonumber(ARGV[5]), tonumber(ARGV[6])
+local nclaims, nturns = tonumber(ARGV[7]), tonumber(ARGV[8])
+local start = math.max(now, tonumber(ARGV[2]))
+local claims = {}
+for i = 1, nclaims do
+  local a = 9 + 6 * (i - 1)
+  local p = {limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
+    windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5]), member = ''}
+  local g = constructors[ARGV[a]](KEYS[2 * i - 1], KEYS[2 * i], p)
+  g.trim(now)
+  claims[i] = {g = g, from = math.max(start, g.blocked)}
+end
+local remind = 9 + 6 * nclaims
+local lead, remind_after = tonumber(ARGV[remind]), tonumber(ARGV[remind + 1])
+local noted = {} -- the ZADD's scores and members
+
+local reply = {now, 0}
+local booked = 0
+while booked < nturns do
+  -- book.lua's search, each turn on the state the turns before it left.
+  local at = start
+  for _, c in ipairs(claims) do
+    local own = c.from
+    if c.from - now <= max_wait then own = c.g.earliest(c.from) end
+    if own > at then at = own end
+  end
+  local settled = nclaims == 1 and at - now <= max_wait
+  local pass = 0
+  while not settled and pass < MAX_PASSES and at - now <= max_wait do
+    local next_ = at
+    for _, c in ipairs(claims) do
+      next_ = c.g.earliest(next_)
+      if next_ - now > max_wait then break end
+    end
+    if next_ == at then
+      settled = true
+      break
+    end
+    at, pass = next_, pass + 1
+  end
+  if not settled or at - now > max_wait or at - now < min_ahead then break end
+
+  booked = booked + 1
+  local k = #reply
+  reply[k + 1], reply[k + 2] = at, 0
+  if lead and at - now > remind_after then
+    noted[#noted + 1] = at - lead
+    noted[#noted + 1] = ARGV[remind + 1 + booked]
+    reply[k + 2] = 1
+  end
+  -- Kept until the turn is too late to be given (see late), as book.lua
+  -- keeps it.
+  local life = ceildiv(at - now + math.max(late, 0) + slack, 1000)
+  for i, c in ipairs(claims) do
+    local pieces = c.g.record(at)
+    k = #reply
+    reply[k + 1], reply[k + 2], reply[k + 3] = c.g.room(at), at - now + c.g.reset_after(at), pieces
+    if at > now then
+      redis.call('SET', KEYS[2 * nclaims + nclaims * (booked - 1) + i], string.format('%d;', at) .. pieces, 'PX', life)
+    end
+  end
+end
+reply[2] = booked
+
+-- Every state once, as the last of those runs would leave it (and as
+-- trimming left it when none was booked).
+for _, c in ipairs(claims) do
+  local life = math.max(c.g.reset_after(now), c.g.blocked - now, 0)
+  c.g.save(math.max(1, ceildiv(life + slack, 1000)))
+end
+if #noted > 0 then redis.call('ZADD', KEYS[2 * nclaims + nclaims * nturns + 1], unpack(noted)) end
+return reply
