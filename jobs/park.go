@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/sluicehq/sluice/lua"
+	"github.com/sluicehq/sluice/throttle"
 )
 
 // A backlog is parked, not taken task by task. A task queued behind others
@@ -135,10 +136,13 @@ type backlog struct {
 	// ahead); handed: its probe's turn had come, and it was left to the
 	// workers.
 	ahead, handed bool
-	// line: the backlog line its last task took a ticket in, and claims
-	// what that task claimed (claimsKey): the tasks after it that claim
-	// the same take the next tickets of that line together (ticketRun).
+	// line: the backlog line its last task took a ticket in; turns: its
+	// last task booked a turn ahead; claims: what that task claimed
+	// (claimsKey). The tasks after it that claim the same take the next
+	// tickets of that line together (ticketRun), or book their turns
+	// together (seriesRun).
 	line   *backlogLine
+	turns  bool
 	claims string
 	// roomy: how many of its last bookings in a row found their turn had
 	// come.
@@ -267,8 +271,12 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			b.done = true
 			continue
 		}
-		if b.line != nil && !sharesWithAny(backlogs, b) {
-			if n := p.ticketRun(ctx, gs, b, &notes); n > 0 {
+		if (b.line != nil || b.turns) && !sharesWithAny(backlogs, b) {
+			run := p.ticketRun
+			if b.line == nil {
+				run = p.seriesRun
+			}
+			if n := run(ctx, gs, b, &notes); n > 0 {
 				parked += n
 				b.booked += n
 				continue
@@ -293,8 +301,8 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		p.note(ctx, &notes, b.queue, t.id, spot, spot.now)
 		parked++
 		b.booked++
-		b.line, b.claims = spot.line, ""
-		if spot.line != nil {
+		b.line, b.turns, b.claims = spot.line, ok && spot.ahead && spot.line == nil && !keep, ""
+		if b.line != nil || b.turns {
 			b.claims = p.claimsKey(gs, b.queue, t)
 		}
 		if spot.ahead && !b.ahead {
@@ -364,6 +372,81 @@ func (p *parker) ticketRun(ctx context.Context, gs *gateSet, b *backlog, notes *
 
 // parkTicketRun bounds the tickets one ticketRun takes.
 const parkTicketRun = 256
+
+// seriesRun books the turns of the tasks at the head of b's taken tasks
+// that claim what its last task claimed, which booked a turn ahead, in one
+// script run (throttle.BookSeries: per task only the SET of its turn kept
+// under its booking ID, where a booking each is about 7 commands), each
+// the turn its own booking would have given it, and notes them in the wake
+// set in the same run. It stops at a turn beyond worker.reserve_max or one
+// that has come (the next task books alone, as the first of a run does),
+// and returns how many it booked: none if the head claims otherwise, a
+// backlog line of its gates is active (its tasks book only turns they
+// would hold for), or Redis failed.
+func (p *parker) seriesRun(ctx context.Context, gs *gateSet, b *backlog, notes *parkNotes) int {
+	n := 0
+	for n < len(b.moved) && n < parkSeriesRun && b.claims != "" && p.claimsKey(gs, b.queue, b.moved[n]) == b.claims {
+		n++
+	}
+	b.turns = false // the next task books alone unless this run books all n
+	if n == 0 {
+		return 0
+	}
+	head := b.moved[0]
+	r := gs.routeOf(b.queue, head.m.typ)
+	claims := r.claims
+	if r.keyed {
+		var ok bool
+		if claims, ok = p.booker.claimsOf(r, varsOf(b.queue, head.id, asynq.NewTaskWithHeaders(head.m.typ, head.m.payload, head.m.headers))); !ok {
+			return 0
+		}
+	}
+	if _, active := p.booker.activeLine(ctx, b.queue, claims, r.cost); active {
+		return 0
+	}
+	reserveMax := gs.cfg.Worker.ReserveMax
+	if r.adaptive {
+		reserveMax = min(reserveMax, adaptiveReserve)
+	}
+	bookClaims := make([]throttle.Claim, len(claims))
+	for i, c := range claims {
+		bookClaims[i] = throttle.Claim{Limiter: c.lim, Key: c.key, N: r.cost}
+	}
+	ids, members := make([]string, n), make([]string, n)
+	for i, t := range b.moved[:n] {
+		ids[i] = bookingID(b.queue, t.id, asynq.NewTaskWithHeaders(t.m.typ, t.m.payload, t.m.headers))
+		members[i] = t.id
+	}
+	start := time.Now()
+	booked, err := throttle.BookSeries(ctx, bookClaims, ids, time.Time{}, time.Microsecond, reserveMax,
+		throttle.MaxLate(lateTolerance), throttle.RemindEach(wakeKeys(b.queue)[0], members, requeueLead, 0))
+	p.booked(time.Since(start) / time.Duration(max(len(booked), 1)))
+	if err != nil || len(booked) == 0 {
+		return 0 // they book one by one
+	}
+	m := p.booker.metrics
+	m.bookings.WithLabelValues(b.queue).Inc()
+	for i, c := range claims {
+		m.evaluations.WithLabelValues(c.g.name).Inc()
+		m.scriptSeconds.WithLabelValues(c.g.name).Observe(time.Since(start).Seconds())
+		m.decisions.WithLabelValues(c.g.name, "reserved").Add(float64(len(booked)))
+		if c.g.expr == nil && c.g.limit.Limit > 0 {
+			m.remaining.WithLabelValues(c.g.name).Set(float64(booked[len(booked)-1].Turns[i].Remaining))
+		}
+	}
+	now := booked[0].At.Add(-booked[0].Delay).UnixMicro()
+	for i, bk := range booked {
+		m.turnWait.WithLabelValues(b.queue).Observe(bk.Delay.Seconds())
+		p.note(ctx, notes, b.queue, members[i], parkSpot{due: bk.At.Add(-requeueLead).UnixMicro(), noted: bk.Reminded, ahead: true, now: now}, now)
+	}
+	b.moved = b.moved[len(booked):]
+	b.turns = len(booked) == n
+	return len(booked)
+}
+
+// parkSeriesRun bounds the turns one seriesRun books: one script run holds
+// its Redis server while it books them.
+const parkSeriesRun = 256
 
 // claimsKey names the claims task t of queue makes on its gates (its type,
 // and the key value of each keyed gate); "" if they are not known without

@@ -723,3 +723,72 @@ func TestParkGapIsNotRoom(t *testing.T) {
 		}
 	}
 }
+
+// TestParkBooksASeries: a backlog of 300 tasks behind a quota of 10/s
+// (burst 1), all within worker.reserve_max. After the first task's booking
+// finds the quota booked ahead, the parker books the tasks behind it in
+// series of up to 256 per script run (throttle.BookSeries): every task
+// noted due back once, a turn (100ms) after the one before, in the order
+// queued, each turn kept under its booking ID for the worker that takes
+// it; 3 bookings where there were 301 (one per task).
+func TestParkBooksASeries(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	queue := redistest.Queue(t, "q")
+	api := redistest.Queue(t, "api") // a quota of its own: tests run side by side
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
+	})
+	ctx := context.Background()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i := range n {
+		if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprintf("t%03d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	warm := asynq.NewTask("test:api", nil)
+	if o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: warm, queue: queue, id: "warm", booking: bookingID(queue, "warm", warm)}, false); err != nil {
+		t.Fatal(err)
+	} else if _, ok := o.(runNow); !ok {
+		t.Fatalf("the first task's booking: %#v, want its turn now", o)
+	}
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
+	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(due) != n {
+		t.Fatalf("%d tasks noted in the wake set, want all %d", len(due), n)
+	}
+	for i, z := range due {
+		if want := fmt.Sprintf("t%03d", i); z.Member != want {
+			t.Fatalf("task %d due back is %v, want %s: out of the order queued", i, z.Member, want)
+		}
+		if i > 0 {
+			if gap := int64(z.Score - due[i-1].Score); gap != 100_000 {
+				t.Errorf("tasks %v and %v due back %dµs apart, want one turn (100000µs)", due[i-1].Member, z.Member, gap)
+			}
+		}
+	}
+	if bookings := testutil.ToFloat64(s.booker.metrics.bookings.WithLabelValues(queue)); bookings > 4 {
+		t.Errorf("%v bookings for %d tasks, want the warm task's, the first's and two series", bookings, n)
+	}
+	// A worker that takes a task back for its turn gets the turn its
+	// series kept under its booking ID.
+	task := asynq.NewTask("test:api", nil)
+	o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: task, queue: queue, id: "t150", booking: bookingID(queue, "t150", task)}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead, ok := o.(turnAhead)
+	if !ok {
+		t.Fatalf("t150 back for its turn: %#v, want the turn it holds", o)
+	}
+	if at := ahead.at.Add(-requeueLead).UnixMicro(); at != int64(due[150].Score) {
+		t.Errorf("t150 back for its turn got one at %d (less requeueLead), want the one it was noted due back for, %d", at, int64(due[150].Score))
+	}
+}
