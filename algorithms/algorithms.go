@@ -270,12 +270,19 @@ const MaxSeries = 1024
 // with Book), counting nothing for it and the turns after it, and returns
 // the booked ones (Keep set where a turn is after now). The claims' ID,
 // Kept and GiveBack are not read. The twin of lua/series.lua.
-func Series(claims []Claim, turns int, now, notBefore, maxWait, minAhead int64) []Booking {
+//
+// throttled is, per claim, the events the claim's own limit throttled in
+// the booked turns: its N for each turn at which the claim alone would
+// have come later than the turn's start (max(now, notBefore)), what
+// lua/book.lua counts as a recent throttle of that turn's Book, and
+// lua/series.lua counts once for the series. The turn the series stops at
+// is not in it: its caller's Book counts it.
+func Series(claims []Claim, turns int, now, notBefore, maxWait, minAhead int64) (booked []Booking, throttled []int64) {
 	for _, c := range claims {
 		c.State.Trim(c.Params, now)
 	}
 	start := max(now, notBefore)
-	var booked []Booking
+	throttled = make([]int64, len(claims))
 	for range turns {
 		b := Booking{OK: true, Now: now, Claims: make([]Counted, len(claims))}
 		at, settled := search(claims, now, start, maxWait, b.Claims)
@@ -284,12 +291,15 @@ func Series(claims []Claim, turns int, now, notBefore, maxWait, minAhead int64) 
 		}
 		b.At = at
 		for i, c := range claims {
+			if b.Claims[i].RetryAfter > start-now { // the claim's own turn, from now
+				throttled[i] += c.N
+			}
 			b.Claims[i] = record(c, now, at)
 			b.Claims[i].Keep = at > now
 		}
 		booked = append(booked, b)
 	}
-	return booked
+	return booked, throttled
 }
 
 // keptTurn is the instant of the turn every claim keeps under its ID, if

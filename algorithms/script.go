@@ -128,7 +128,8 @@ const (
 	OpPeek   = "peek"   // the twin of Peek: Remaining, and in RetryAfter how long the key is still blocked
 	// OpSeries books a turn for each of Op.Series.IDs, one after another:
 	// the twin of Series, run by its own script (lua/series.lua). Its
-	// claims have no ID, GiveBack, Member, RecentKey or Replaces.
+	// claims have no ID, GiveBack, Member or Replaces; a RecentKey counts
+	// what the turns' Books would have counted there (see Series).
 	OpSeries = "series"
 )
 
@@ -783,12 +784,16 @@ type onceCmd struct{ *redis.Cmd }
 // NoRetry implements redis.Cmder.
 func (onceCmd) NoRetry() bool { return true }
 
-// seriesKeys are lua/series.lua's KEYS: each claim's state and aux keys,
-// then each turn's kept keys, claim by claim, and the remind's set.
+// seriesKeys are lua/series.lua's KEYS: each claim's state, aux and recent
+// keys, then each turn's kept keys, claim by claim, and the remind's set.
 func (op *Op) seriesKeys() []string {
-	keys := make([]string, 0, 2*len(op.Claims)+len(op.Series.KeptKeys)+1)
+	keys := make([]string, 0, 3*len(op.Claims)+len(op.Series.KeptKeys)+1)
 	for _, c := range op.Claims {
-		keys = append(keys, c.Key, c.Aux)
+		recent := c.RecentKey
+		if recent == "" {
+			recent = c.Aux // a key of the slot: nothing counted
+		}
+		keys = append(keys, c.Key, c.Aux, recent)
 	}
 	keys = append(keys, op.Series.KeptKeys...)
 	if r := op.Series.Reminds; r != nil {

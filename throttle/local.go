@@ -232,7 +232,9 @@ func (localSite) run(_ context.Context, st *step) error {
 			}
 		}
 	case algorithms.OpSeries:
-		st.series = algorithms.Series(claims, len(st.ids), now, st.notBefore, st.maxWait, st.minAhead)
+		// The local engine counts no recent throttles (WithRecentThrottles
+		// is Redis's).
+		st.series, _ = algorithms.Series(claims, len(st.ids), now, st.notBefore, st.maxWait, st.minAhead)
 	default:
 		notBefore := st.notBefore
 		if st.ahead > 0 {

@@ -54,6 +54,13 @@ func RemindEach(key string, members []string, lead, after time.Duration) BookOpt
 // prefix of ids, maybe empty. With minAhead 0 a turn at now may be
 // booked: as Book's, it is counted but not kept under its ID.
 //
+// A limiter WithRecentThrottles counts, for the booked turns, the events
+// those Books would have counted (each turn's n where the limiter alone
+// would have given a later instant than the turn's start), all at the
+// series' one instant. The turn it stops at is not counted, though its
+// Book would count it, refused or not: the series did not book it, and
+// the caller's Book of it counts it.
+//
 // Precondition: no turn is kept under any of ids (they were never
 // booked): the series does not look, and a turn kept under one stays
 // counted (under-use, never excess). Misuse (an empty or repeated id, more
@@ -63,13 +70,15 @@ func RemindEach(key string, members []string, lead, after time.Duration) BookOpt
 // Claims in one Redis Cluster slot (all claims, on a single Redis server)
 // of limiters of New are booked in one script run: one TIME, one read
 // and one write of each claim's state, one SET per turn and claim of the
-// kept turn, and one ZADD for all reminders. Otherwise (claims in
-// several slots, or a limiter of NewFairShare, or with
-// WithRecentThrottles or Replacing) the series is len(ids) Books with
-// the same outcome, each in turn; a turn that comes sooner than minAhead
-// is then booked and given back at once (and if RemindEach's after is
-// below minAhead, its reminder may stay noted). Local limiters (NewLocal)
-// book the series in process, as those Books would.
+// kept turn, one ZADD for all reminders, and one GET and SET of each
+// claim's recent throttles where any were counted. Otherwise (claims in
+// several slots, or a limiter of NewFairShare or Replacing) the series is
+// len(ids) Books with the same outcome, each in turn; a turn that comes
+// sooner than minAhead is then booked and given back at once (and if
+// RemindEach's after is below minAhead, its reminder may stay noted), and
+// a recent throttle of the turn it stops at is counted by its Book there
+// and again by the caller's Book of it. Local limiters (NewLocal) book the
+// series in process, as those Books would, and count no recent throttles.
 //
 // When Redis fails, BookSeries returns the error (its limiters' failure
 // policies are not applied) and no bookings: book the tasks one by one
@@ -162,11 +171,11 @@ func BookSeries(ctx context.Context, claims []Claim, ids []string, notBefore tim
 }
 
 // seriesRuns tells whether the series script (or its local twin) books a
-// series of parts, all of one site: it knows the five limits' states, not
-// a fair share, recent throttles or a replaced limit.
+// series of parts, all of one site: it knows the five limits' states and
+// counts their recent throttles, not a fair share or a replaced limit.
 func seriesRuns(parts []*part) bool {
 	for _, p := range parts {
-		if l, ok := p.lim.(*redisLimiter); ok && (l.fair != nil || l.recent || l.replaces != nil) {
+		if l, ok := p.lim.(*redisLimiter); ok && (l.fair != nil || l.replaces != nil) {
 			return false
 		}
 	}

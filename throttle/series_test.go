@@ -73,15 +73,17 @@ func bookOneByOne(ctx context.Context, w *seriesWorld, ns []int, ids, members []
 }
 
 // TestBookSeriesMatchesBooks: random claims (every algorithm, one to three
-// claims in one slot, random limits and bursts), random earlier state
-// (calls now, turns booked ahead, blocks, turns given back), then random
-// series (length, notBefore, minAhead, maxWait, MaxLate, a reminder): the
-// series on Redis (FCALL, EVALSHA, a cluster, miniredis), the series on
-// the local engine (the Go twin, algorithms.Series) and one Book per id on
-// Redis all book the same turns, decision for decision (instants,
-// Remaining, ResetAfter, pieces, Reminded), keep the same turns under the
-// same IDs, note the same reminders, and leave states on which the next
-// calls decide alike.
+// claims in one slot, random limits and bursts, each with recent throttles
+// or not), random earlier state (calls now, turns booked ahead, blocks,
+// turns given back), then random series (length, notBefore, minAhead,
+// maxWait, MaxLate, a reminder): the series on Redis (FCALL, EVALSHA, a
+// cluster, miniredis), the series on the local engine (the Go twin,
+// algorithms.Series) and one Book per id on Redis all book the same turns,
+// decision for decision (instants, Remaining, ResetAfter, pieces,
+// Reminded), keep the same turns under the same IDs, note the same
+// reminders, and leave states on which the next calls decide alike. Once
+// the turn a series stopped at is booked with Book, as its caller does,
+// the series and the Books have counted the same recent throttles.
 func TestBookSeriesMatchesBooks(t *testing.T) {
 	mini := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr(), ReadTimeout: time.Minute})
 	t.Cleanup(func() { mini.Close() })
@@ -94,29 +96,35 @@ func TestBookSeriesMatchesBooks(t *testing.T) {
 				// minutes there (see TestRedisMatchesLocal).
 				seeds, algs = 12, []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket, throttle.SlidingCounter}
 			}
-			var booked, stoppedByWait, stoppedByAhead int
+			var sum seriesTally
 			for seed := uint64(1); seed <= seeds; seed++ {
-				b, w, a := seriesTimeline(t, e, seed, algs)
-				booked, stoppedByWait, stoppedByAhead = booked+b, stoppedByWait+w, stoppedByAhead+a
+				tally := seriesTimeline(t, e, seed, algs)
+				sum.booked, sum.byWait, sum.byAhead, sum.throttled = sum.booked+tally.booked, sum.byWait+tally.byWait, sum.byAhead+tally.byAhead, sum.throttled+tally.throttled
 			}
-			if booked < int(seeds)*10 || stoppedByWait < int(seeds)/2 || stoppedByAhead < int(seeds)/8 {
-				t.Fatalf("%d turns booked, %d series stopped at maxWait, %d at minAhead: the timelines test too little", booked, stoppedByWait, stoppedByAhead)
+			if sum.booked < int(seeds)*10 || sum.byWait < int(seeds)/2 || sum.byAhead < int(seeds)/8 || sum.throttled < int(seeds)*2 {
+				t.Fatalf("%+v: the timelines test too little", sum)
 			}
 		})
 	}
 }
 
-// seriesTimeline runs one seed's timeline on e; it returns the turns
-// booked and how many series stopped at maxWait and at minAhead.
-func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorithm) (booked, byWait, byAhead int) {
+// seriesTally is what one or more timelines tested: the turns booked,
+// how many series stopped at maxWait and at minAhead, and how many series
+// counted a recent throttle on some claim.
+type seriesTally struct{ booked, byWait, byAhead, throttled int }
+
+// seriesTimeline runs one seed's timeline on e.
+func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorithm) (tally seriesTally) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 20))
 	nclaims := 1 + rng.IntN(3)
 	specs := make([]throttle.Spec, nclaims)
 	ns := make([]int, nclaims)
+	recent := make([]bool, nclaims)
 	for i := range specs {
 		specs[i] = randomSpec(rng, algs[rng.IntN(len(algs))])
 		ns[i] = 1 + rng.IntN(min(3, capacityOf(specs[i])))
+		recent[i] = rng.IntN(3) > 0
 	}
 	clock := testkit.NewClock(t0.Add(time.Duration(rng.Int64N(int64(time.Hour)))))
 	world := func(name string, rdb redis.UniversalClient) *seriesWorld {
@@ -124,6 +132,9 @@ func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorit
 		w.wake = "{q}:" + w.prefix + "wake"
 		for i, spec := range specs {
 			opts := []throttle.Option{throttle.WithClock(clock), throttle.WithPrefix(fmt.Sprintf("%s%d:", w.prefix, i))}
+			if recent[i] {
+				opts = append(opts, throttle.WithRecentThrottles()) // NewLocal ignores it
+			}
 			var lim throttle.Reserver
 			var err error
 			if rdb == nil {
@@ -143,6 +154,20 @@ func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorit
 	fail := func(step int, format string, args ...any) {
 		t.Helper()
 		t.Fatalf("seed %d, specs %+v, n %v, step %d at %d: %s", seed, specs, ns, step, clock.Now().UnixMicro(), fmt.Sprintf(format, args...))
+	}
+	// throttledOf is what claim i of w throttled in the last minute.
+	throttledOf := func(w *seriesWorld, i int) int {
+		t.Helper()
+		loads, err := throttle.Loads(ctx, w.lims[i])
+		if err != nil {
+			t.Fatalf("seed %d: Loads: %v", seed, err)
+		}
+		for _, l := range loads {
+			if l.Key == "q" {
+				return l.Throttled
+			}
+		}
+		return 0
 	}
 	period := specs[0].Period
 	given := make([][]throttle.Booking, len(worlds)) // per world: turns that may be given back
@@ -215,6 +240,10 @@ func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorit
 		}
 		reminded := rng.IntN(2) == 0
 		lead, after := time.Duration(rng.Int64N(int64(period))), minAhead+time.Duration(rng.Int64N(2*int64(period)))
+		before := make([]int, nclaims)
+		for i := range before {
+			before[i] = throttledOf(series, i)
+		}
 		var got [3][]throttle.Booking
 		var stop string
 		for k, w := range worlds {
@@ -250,15 +279,50 @@ func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorit
 				fail(step, "turn %d: twin %+v, redis %+v", i, got[2][i], got[0][i])
 			}
 		}
-		booked += len(got[0])
+		for i := range specs {
+			if throttledOf(series, i) > before[i] {
+				tally.throttled++
+				break
+			}
+		}
+		tally.booked += len(got[0])
 		switch stop {
 		case "maxWait":
-			byWait++
+			tally.byWait++
 		case "minAhead":
-			byAhead++
+			tally.byAhead++
 		}
 		for k := range worlds {
 			given[k] = append(given[k], got[k]...)
+		}
+		// The caller books the turn a series stopped at with Book, as the
+		// Books did (and gives it back, as they did): that Book counts its
+		// recent throttles, which the series did not.
+		if stop != "" {
+			for _, w := range []*seriesWorld{series, twin} {
+				claims := w.claims(ns, ids[len(got[0])])
+				bk, err := throttle.Book(ctx, claims, notBefore, maxWait, opts...)
+				if err != nil {
+					fail(step, "%s: the Book of the turn the series stopped at: %v", w.name, err)
+				}
+				if bk.OK {
+					for i, c := range claims {
+						if err := c.Limiter.(throttle.Reserver).Cancel(ctx, c.Key, bk.Turns[i]); err != nil {
+							fail(step, "Cancel: %v", err)
+						}
+					}
+				}
+			}
+		}
+		// The same recent throttles, claim by claim.
+		for i := range specs {
+			throttled := [2]int{throttledOf(series, i), throttledOf(books, i)}
+			if throttled[0] != throttled[1] {
+				fail(step, "claim %d (recent throttles %v), series of %d stopped at %q: throttled %d after the series, %d after the Books", i, recent[i], n, stop, throttled[0], throttled[1])
+			}
+			if !recent[i] && throttled[0] != 0 {
+				fail(step, "claim %d without recent throttles counted %d", i, throttled[0])
+			}
 		}
 		// The turns are kept under their IDs alike, the reminders noted alike.
 		for i, id := range ids {
@@ -308,7 +372,7 @@ func seriesTimeline(t *testing.T, e engine, seed uint64, algs []throttle.Algorit
 	if !reflect.DeepEqual(last[0], last[1]) || !reflect.DeepEqual(last[0], last[2]) {
 		fail(99, "the next Book: %+v", last)
 	}
-	return booked, byWait, byAhead
+	return tally
 }
 
 // TestBookSeriesKeptAndCancel: on every engine, the turns of a series on a
@@ -577,8 +641,10 @@ func TestBookSeriesLostReply(t *testing.T) {
 // TestBookSeriesCommands counts the Redis commands (INFO commandstats,
 // those scripts call included) of 256 turns booked by 256 Books, each
 // with its ID as the parker books a task, and by one BookSeries, on
-// Redis's clock, on a server of its own: on one claim (a drain of 25/s)
-// and two in one slot (the drain and a quota of 100/s, which the drain's
+// Redis's clock, on a server of its own: on one claim (a drain of 25/s),
+// without and with recent throttles (every turn after the first is one,
+// a GET and a SET of its count in each Book, once in the series), and two
+// in one slot (the drain and a quota of 100/s, which the drain's
 // turns keep within), with and without a reminder per turn; and on the
 // drain and a quota slower than it (10/s, burst 5). A quota's turns
 // booked ahead 40ms apart are a span each in its sorted set of spans (and
@@ -609,7 +675,7 @@ func TestBookSeriesCommands(t *testing.T) {
 	}
 	roomyQuota := throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 100, Period: time.Second, Burst: 10}
 	run := 0
-	measure := func(claimsN int, remind, slowQuota, series bool) (perTurn float64, by map[string]int64) {
+	measure := func(claimsN int, remind, slowQuota, recent, series bool) (perTurn float64, by map[string]int64) {
 		run++
 		prefix := fmt.Sprintf("%sr%d:", redistest.Prefix(t), run)
 		specs := []throttle.Spec{drainSpec, roomyQuota}[:claimsN]
@@ -618,7 +684,11 @@ func TestBookSeriesCommands(t *testing.T) {
 		}
 		var claims []throttle.Claim
 		for i, spec := range specs {
-			lim, err := throttle.New(rdb, spec, throttle.WithPrefix(fmt.Sprintf("%s%d:", prefix, i)))
+			opts := []throttle.Option{throttle.WithPrefix(fmt.Sprintf("%s%d:", prefix, i))}
+			if recent {
+				opts = append(opts, throttle.WithRecentThrottles())
+			}
+			lim, err := throttle.New(rdb, spec, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -675,16 +745,17 @@ func TestBookSeriesCommands(t *testing.T) {
 	t.Logf("Redis commands per turn, %d turns (INFO commandstats, scripts' commands included):", turns)
 	t.Logf("%-28s %8s %8s", "", "Books", "series")
 	for _, c := range []struct {
-		desc         string
-		claims       int
-		remind, slow bool
+		desc                 string
+		claims               int
+		remind, slow, recent bool
 	}{
-		{"one claim", 1, false, false}, {"one claim, reminded", 1, true, false},
-		{"two claims", 2, false, false}, {"two claims, reminded", 2, true, false},
-		{"two claims, slower quota", 2, true, true},
+		{"one claim", 1, false, false, false}, {"one claim, reminded", 1, true, false, false},
+		{"one claim, recent throttles", 1, false, false, true},
+		{"two claims", 2, false, false, false}, {"two claims, reminded", 2, true, false, false},
+		{"two claims, slower quota", 2, true, true, false},
 	} {
-		books, byBook := measure(c.claims, c.remind, c.slow, false)
-		series, bySeries := measure(c.claims, c.remind, c.slow, true)
+		books, byBook := measure(c.claims, c.remind, c.slow, c.recent, false)
+		series, bySeries := measure(c.claims, c.remind, c.slow, c.recent, true)
 		t.Logf("%-28s %8.2f %8.2f   Books %v; series %v", c.desc, books, series, byBook, bySeries)
 		if c.claims == 1 && series > 1.1 {
 			t.Errorf("%s: a series costs %.2f commands a turn; want at most 1.1", c.desc, series)
