@@ -376,7 +376,7 @@ const parkTicketRun = 256
 // seriesRun books the turns of the tasks at the head of b's taken tasks
 // that claim what its last task claimed, which booked a turn ahead, in one
 // script run (throttle.BookSeries: per task only the SET of its turn kept
-// under its booking ID, where a booking each is about 7 commands), each
+// under its booking ID, where a booking each is 6 to 8 commands), each
 // the turn its own booking would have given it, and notes them in the wake
 // set in the same run. It stops at a turn beyond worker.reserve_max or one
 // that has come (the next task books alone, as the first of a run does),
