@@ -44,8 +44,12 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	startWorker(t, rdb, served, jobs.NewMetrics(prometheus.NewRegistry()), &recorder{})
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer client.Close()
+	// Looked for without a queue, a task is looked for in every queue on
+	// the server: its ID is this test's own (other tests leave tasks named
+	// t0 behind, in queues of their own).
+	taskID := func(i int) string { return fmt.Sprint(queue, "-t", i) }
 	for i := range 12 {
-		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprint("t", i)), asynq.MaxRetry(5)); err != nil {
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(taskID(i)), asynq.MaxRetry(5)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -65,7 +69,7 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
 	var booked, asking []jobs.TaskETA
 	for i := range 12 {
-		e, err := jobs.ETA(ctx, rdb, queues, all, "", fmt.Sprint("t", i))
+		e, err := jobs.ETA(ctx, rdb, queues, all, "", taskID(i))
 		if errors.As(err, new(*jobs.TaskNotFoundError)) {
 			continue // it ran
 		}
