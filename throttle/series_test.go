@@ -90,11 +90,14 @@ func TestBookSeriesMatchesBooks(t *testing.T) {
 	remotes := append(engines(t)[1:], engine{name: "miniredis", rdb: mini})
 	for _, e := range remotes {
 		t.Run(e.name, func(t *testing.T) {
-			seeds, algs := uint64(40), throttle.Algorithms
+			// Each engine is a server of its own: side by side, not one
+			// after another (make test runs this under the race detector).
+			t.Parallel()
+			seeds, algs := uint64(16), throttle.Algorithms
 			if e.name == "miniredis" {
 				// Its Lua is slow: the windowed algorithms' timelines take
 				// minutes there (see TestRedisMatchesLocal).
-				seeds, algs = 12, []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket, throttle.SlidingCounter}
+				seeds, algs = 6, []throttle.Algorithm{throttle.TokenBucket, throttle.LeakyBucket, throttle.SlidingCounter}
 			}
 			var sum seriesTally
 			for seed := uint64(1); seed <= seeds; seed++ {
