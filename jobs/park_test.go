@@ -614,42 +614,11 @@ func TestParkTicketsInOneStep(t *testing.T) {
 		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
 		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
 	})
-	ctx := context.Background()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
-	for i := range n {
-		if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprintf("t%03d", i))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	enqueueNumbered(t, "test:api", queue, n)
 	// A worker took a task first, which found the quota's room: the
 	// parker finds it booked ahead.
-	warm := asynq.NewTask("test:api", nil)
-	if o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: warm, queue: queue, id: "warm", booking: bookingID(queue, "warm", warm)}, false); err != nil {
-		t.Fatal(err)
-	} else if _, ok := o.(runNow); !ok {
-		t.Fatalf("the first task's booking: %#v, want its turn now", o)
-	}
-	s.parker.ask(queue)
-	s.parker.parkBacklogs(ctx)
-	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(due) != n {
-		t.Fatalf("%d tasks noted in the wake set, want all %d", len(due), n)
-	}
-	// In the order queued, each due back one turn after the one before.
-	for i, z := range due {
-		if want := fmt.Sprintf("t%03d", i); z.Member != want {
-			t.Fatalf("task %d due back is %v, want %s: out of the order queued", i, z.Member, want)
-		}
-		if i > 0 {
-			if gap := int64(z.Score - due[i-1].Score); gap != 100_000 {
-				t.Errorf("tasks %v and %v due back %dµs apart, want one turn (100000µs)", due[i-1].Member, z.Member, gap)
-			}
-		}
-	}
+	bookWarm(t, s, "test:api", queue)
+	parkDueInOrder(t, s, queue, n)
 	bookings := testutil.ToFloat64(s.booker.metrics.bookings.WithLabelValues(queue))
 	if bookings > 30 { // (the warm task's included)
 		t.Errorf("%v bookings for %d tasks, want the turns' (about 20) and one for the first ticket", bookings, n)
@@ -688,12 +657,7 @@ func TestParkGapIsNotRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	warm := asynq.NewTask("test:busy", nil)
-	if o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: warm, queue: queue, id: "warm", booking: bookingID(queue, "warm", warm)}, false); err != nil {
-		t.Fatal(err)
-	} else if _, ok := o.(runNow); !ok {
-		t.Fatalf("the first task's booking: %#v, want its turn now", o)
-	}
+	bookWarm(t, s, "test:busy", queue)
 	s.parker.ask(queue)
 	s.parker.parkBacklogs(ctx)
 	now, err := s.rdb.Time(ctx).Result()
@@ -742,38 +706,9 @@ func TestParkBooksASeries(t *testing.T) {
 		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
 	})
 	ctx := context.Background()
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
-	defer client.Close()
-	for i := range n {
-		if _, err := client.Enqueue(asynq.NewTask("test:api", nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprintf("t%03d", i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	warm := asynq.NewTask("test:api", nil)
-	if o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: warm, queue: queue, id: "warm", booking: bookingID(queue, "warm", warm)}, false); err != nil {
-		t.Fatal(err)
-	} else if _, ok := o.(runNow); !ok {
-		t.Fatalf("the first task's booking: %#v, want its turn now", o)
-	}
-	s.parker.ask(queue)
-	s.parker.parkBacklogs(ctx)
-	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(due) != n {
-		t.Fatalf("%d tasks noted in the wake set, want all %d", len(due), n)
-	}
-	for i, z := range due {
-		if want := fmt.Sprintf("t%03d", i); z.Member != want {
-			t.Fatalf("task %d due back is %v, want %s: out of the order queued", i, z.Member, want)
-		}
-		if i > 0 {
-			if gap := int64(z.Score - due[i-1].Score); gap != 100_000 {
-				t.Errorf("tasks %v and %v due back %dµs apart, want one turn (100000µs)", due[i-1].Member, z.Member, gap)
-			}
-		}
-	}
+	enqueueNumbered(t, "test:api", queue, n)
+	bookWarm(t, s, "test:api", queue)
+	due := parkDueInOrder(t, s, queue, n)
 	if bookings := testutil.ToFloat64(s.booker.metrics.bookings.WithLabelValues(queue)); bookings > 4 {
 		t.Errorf("%v bookings for %d tasks, want the warm task's, the first's and two series", bookings, n)
 	}
@@ -791,4 +726,57 @@ func TestParkBooksASeries(t *testing.T) {
 	if at := ahead.at.Add(-requeueLead).UnixMicro(); at != int64(due[150].Score) {
 		t.Errorf("t150 back for its turn got one at %d (less requeueLead), want the one it was noted due back for, %d", at, int64(due[150].Score))
 	}
+}
+
+// enqueueNumbered enqueues n tasks of type typ to queue, named t000, t001
+// and so on.
+func enqueueNumbered(t *testing.T, typ, queue string, n int) {
+	t.Helper()
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	for i := range n {
+		if _, err := client.Enqueue(asynq.NewTask(typ, nil), asynq.Queue(queue), asynq.TaskID(fmt.Sprintf("t%03d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// bookWarm books a task of type typ of queue as a worker that took it
+// first would, and fails unless its turn is now: the gates have room no
+// more, and a parker finds them booked ahead.
+func bookWarm(t *testing.T, s *Scheduler, typ, queue string) {
+	t.Helper()
+	warm := asynq.NewTask(typ, nil)
+	if o, err := s.booker.book(context.Background(), s.gates.Load(), taskRef{t: warm, queue: queue, id: "warm", booking: bookingID(queue, "warm", warm)}, false); err != nil {
+		t.Fatal(err)
+	} else if _, ok := o.(runNow); !ok {
+		t.Fatalf("the first task's booking: %#v, want its turn now", o)
+	}
+}
+
+// parkDueInOrder has s's parker park queue's n numbered tasks and returns
+// the wake set, checking that each is due back one turn of 10/s (100ms)
+// after the one before, in the order queued.
+func parkDueInOrder(t *testing.T, s *Scheduler, queue string, n int) []redis.Z {
+	t.Helper()
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(context.Background())
+	due, err := s.rdb.ZRangeWithScores(context.Background(), wakeKeys(queue)[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(due) != n {
+		t.Fatalf("%d tasks noted in the wake set, want all %d", len(due), n)
+	}
+	for i, z := range due {
+		if want := fmt.Sprintf("t%03d", i); z.Member != want {
+			t.Fatalf("task %d due back is %v, want %s: out of the order queued", i, z.Member, want)
+		}
+		if i > 0 {
+			if gap := int64(z.Score - due[i-1].Score); gap != 100_000 {
+				t.Errorf("tasks %v and %v due back %dµs apart, want one turn (100000µs)", due[i-1].Member, z.Member, gap)
+			}
+		}
+	}
+	return due
 }
