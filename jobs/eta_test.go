@@ -20,9 +20,7 @@ import (
 // holds none (worker.hold_max 1ns) and books at most 2 s ahead: once the
 // worker has taken them all, those with a turn within 2 s are booked at
 // turns 500 ms apart, the rest ask again (in a second, or at their backlog
-// line's tickets) within 15 s (those that ran are gone: on a busy machine,
-// with the limits on the cluster, where nothing is parked and every task
-// goes through the worker, taking them all took 5 s, and 10 of 12 had run); a queue no worker serves has its
+// line's tickets) within 15 s (those that ran are gone); a queue no worker serves has its
 // tasks pending at positions 1, 2, 3, predicted 500 ms apart from now; an
 // id no queue holds is a TaskNotFoundError naming the queues searched.
 func TestETAStates(t *testing.T) {
@@ -40,7 +38,11 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	queue, idle := redistest.Queue(t, "q"), redistest.Queue(t, "idle")
 	drain := &jobs.LimitConfig{Limit: 2, Period: time.Second, Burst: 1}
 	served := jobs.Config{
-		Worker: jobs.WorkerConfig{Concurrency: 10, HoldMax: time.Nanosecond, ReserveMax: 2 * time.Second},
+		// More slots than tasks: the worker takes every task at once, books
+		// it and sends it back (with the limits on the cluster nothing is
+		// parked; with 10 slots the tasks went round through them, and on
+		// a busy machine most had run before the queue was ever empty).
+		Worker: jobs.WorkerConfig{Concurrency: 32, Waiting: 32, HoldMax: time.Nanosecond, ReserveMax: 2 * time.Second},
 		Queues: map[string]jobs.QueueConfig{queue: {Drain: drain}},
 	}
 	startWorker(t, rdb, served, jobs.NewMetrics(prometheus.NewRegistry()), &recorder{})
