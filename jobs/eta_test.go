@@ -16,11 +16,11 @@ import (
 	"github.com/sluicehq/sluice/jobs"
 )
 
-// TestETAStates, with the limits on a server and on a cluster: 24 tasks through a drain of 2/s on one worker that
+// TestETAStates, with the limits on a server and on a cluster: 12 tasks through a drain of 2/s on one worker that
 // holds none (worker.hold_max 1ns) and books at most 2 s ahead: once the
 // worker has taken them all, those with a turn within 2 s are booked at
 // turns 500 ms apart, the rest ask again (in a second, or at their backlog
-// line's tickets) within 15 s (those that ran are gone); a queue no worker serves has its
+// line's tickets) within 10 s (those that ran are gone); a queue no worker serves has its
 // tasks pending at positions 1, 2, 3, predicted 500 ms apart from now; an
 // id no queue holds is a TaskNotFoundError naming the queues searched.
 func TestETAStates(t *testing.T) {
@@ -52,7 +52,7 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	// the server: its ID is this test's own (other tests leave tasks named
 	// t0 behind, in queues of their own).
 	taskID := func(i int) string { return fmt.Sprint(queue, "-t", i) }
-	const n = 24
+	const n = 12
 	for i := range n {
 		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(taskID(i)), asynq.MaxRetry(5)); err != nil {
 			t.Fatal(err)
@@ -65,7 +65,7 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	}
 	queues := redistest.Client(t) // asynq's Redis
 	inspector := asynq.NewInspectorFromRedisClient(queues)
-	testkit.WaitFor(t, 15*time.Second, "the worker to take every task", func() bool {
+	testkit.WaitFor(t, 5*time.Second, "the worker to take every task", func() bool {
 		info, err := inspector.GetQueueInfo(queue)
 		return err == nil && info.Pending == 0 && info.Active == 0
 	})
@@ -112,8 +112,8 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	for _, e := range asking {
 		// Refused a turn within 2 s, it asks again in 1 s or more, or at
 		// its backlog line's ticket (the waker may be about to take it).
-		if d := e.At.Sub(e.Now); d < -time.Second || d > 15*time.Second {
-			t.Errorf("task %s asks again in %v, want within 15 s", e.ID, d)
+		if d := e.At.Sub(e.Now); d < -time.Second || d > 10*time.Second {
+			t.Errorf("task %s asks again in %v, want within 10 s", e.ID, d)
 		}
 	}
 	for i := range 3 {
