@@ -144,6 +144,7 @@ type backlog struct {
 	line   *backlogLine
 	turns  bool
 	claims string
+	gates  *gateSet // the limits in force then: a change ends the run
 	// roomy: how many of its last bookings in a row found their turn had
 	// come.
 	roomy int
@@ -271,7 +272,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			b.done = true
 			continue
 		}
-		if (b.line != nil || b.turns) && !sharesWithAny(backlogs, b) {
+		if (b.line != nil || b.turns) && b.gates == gs && !sharesWithAny(backlogs, b) {
 			run := p.ticketRun
 			if b.line == nil {
 				run = p.seriesRun
@@ -301,7 +302,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		p.note(ctx, &notes, b.queue, t.id, spot, spot.now)
 		parked++
 		b.booked++
-		b.line, b.turns, b.claims = spot.line, ok && spot.ahead && spot.line == nil && !keep, ""
+		b.line, b.turns, b.claims, b.gates = spot.line, ok && spot.ahead && spot.line == nil && !keep, "", gs
 		if b.line != nil || b.turns {
 			b.claims = p.claimsKey(gs, b.queue, t)
 		}
