@@ -16,9 +16,9 @@ import (
 	"github.com/sluicehq/sluice/jobs"
 )
 
-// TestETAStates, with the limits on a server and on a cluster: 12 tasks through a drain of 2/s on one worker that
-// holds none (worker.hold_max 1ns) and books at most 2 s ahead: once the
-// worker has taken them all, those with a turn within 2 s are booked at
+// TestETAStates, with the limits on a server and on a cluster: 16 tasks through a drain of 2/s on one worker that
+// holds none (worker.hold_max 1ns) and books at most 5 s ahead: once the
+// worker has taken them all, those with a turn within 5 s are booked at
 // turns 500 ms apart, the rest ask again (in a second, or at their backlog
 // line's tickets) within 10 s (those that ran are gone); a queue no worker serves has its
 // tasks pending at positions 1, 2, 3, predicted 500 ms apart from now; an
@@ -36,13 +36,18 @@ func TestETAStates(t *testing.T) {
 // testETAStates is TestETAStates with the limits on rdb.
 func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	queue, idle := redistest.Queue(t, "q"), redistest.Queue(t, "idle")
+	const reserveMax = 5 * time.Second
 	drain := &jobs.LimitConfig{Limit: 2, Period: time.Second, Burst: 1}
 	served := jobs.Config{
 		// More slots than tasks: the worker takes every task at once, books
 		// it and sends it back (with the limits on the cluster nothing is
 		// parked; with 10 slots the tasks went round through them, and on
 		// a busy machine most had run before the queue was ever empty).
-		Worker: jobs.WorkerConfig{Concurrency: 32, Waiting: 32, HoldMax: time.Nanosecond, ReserveMax: 2 * time.Second},
+		// Booking 5 s ahead leaves booked tasks to find after a slow start:
+		// a task with a ticket comes back to book only 300 ms before its
+		// turn, so once the first bookings have run few tasks are booked
+		// (with 2 s, CI's cluster run found 1 booked, 7 asking again).
+		Worker: jobs.WorkerConfig{Concurrency: 32, Waiting: 32, HoldMax: time.Nanosecond, ReserveMax: reserveMax},
 		Queues: map[string]jobs.QueueConfig{queue: {Drain: drain}},
 	}
 	startWorker(t, rdb, served, jobs.NewMetrics(prometheus.NewRegistry()), &recorder{})
@@ -52,7 +57,7 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	// the server: its ID is this test's own (other tests leave tasks named
 	// t0 behind, in queues of their own).
 	taskID := func(i int) string { return fmt.Sprint(queue, "-t", i) }
-	const n = 12
+	const n = 16
 	for i := range n {
 		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(taskID(i)), asynq.MaxRetry(5)); err != nil {
 			t.Fatal(err)
@@ -105,12 +110,12 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 		t.Fatalf("%d booked and %d asking again, want both", len(booked), len(asking))
 	}
 	for _, e := range booked {
-		if d := e.At.Sub(booked[0].At); d%(500*time.Millisecond) != 0 || e.At.Sub(e.Now) > 2*time.Second {
-			t.Errorf("task %s booked at %v, %v from the first: want 500 ms steps, within 2 s", e.ID, e.At, d)
+		if d := e.At.Sub(booked[0].At); d%(500*time.Millisecond) != 0 || e.At.Sub(e.Now) > reserveMax {
+			t.Errorf("task %s booked at %v, %v from the first: want 500 ms steps, within %v", e.ID, e.At, d, reserveMax)
 		}
 	}
 	for _, e := range asking {
-		// Refused a turn within 2 s, it asks again in 1 s or more, or at
+		// Refused a turn within 5 s, it asks again in 1 s or more, or at
 		// its backlog line's ticket (the waker may be about to take it).
 		if d := e.At.Sub(e.Now); d < -time.Second || d > 10*time.Second {
 			t.Errorf("task %s asks again in %v, want within 10 s", e.ID, d)
