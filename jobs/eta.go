@@ -85,6 +85,17 @@ func (e *TaskNotFoundError) Error() string {
 	return fmt.Sprintf("jobs: no task %q in %s, nor a copy it waits as (a task that ran is kept only with a retention)", e.ID, where)
 }
 
+// AmbiguousTaskError is ETA's answer, with no queue named, for a task id
+// that more than one queue holds (asynq's ids are unique per queue only).
+type AmbiguousTaskError struct {
+	ID     string
+	Queues []string // holding it
+}
+
+func (e *AmbiguousTaskError) Error() string {
+	return fmt.Sprintf("jobs: task %q is in the queues %q: name its queue", e.ID, e.Queues)
+}
+
 // maxTaskID bounds an id ETA takes: asynq takes any length, but a
 // longer one is a mistake, and it goes into keys.
 const maxTaskID = 1024
@@ -99,7 +110,8 @@ const MaxTaskETAs = 1000
 // wake set and the turn kept under its booking ID; a pending one is
 // predicted from its position and its gates' rates and levels. It reads
 // only (a level's read may drop what has expired). An id no queue holds is
-// a *TaskNotFoundError.
+// a *TaskNotFoundError; searched for in every queue, an id more than one
+// holds is an *AmbiguousTaskError.
 func ETA(ctx context.Context, limits, queues redis.UniversalClient, cfg Config, queue, id string) (TaskETA, error) {
 	if id == "" || len(id) > maxTaskID {
 		return TaskETA{}, fmt.Errorf("jobs: a task id is 1 to %d bytes, got %d", maxTaskID, len(id))
@@ -114,17 +126,25 @@ func ETA(ctx context.Context, limits, queues redis.UniversalClient, cfg Config, 
 		if search, err = r.allQueues(); err != nil {
 			return TaskETA{}, err
 		}
-	}
-	for _, q := range search {
-		info, err := r.find(ctx, q, id)
-		if err != nil {
+		holding, err := r.holders(ctx, search, id)
+		switch {
+		case err != nil:
 			return TaskETA{}, err
+		case len(holding) == 0:
+			return TaskETA{}, &TaskNotFoundError{ID: id, Queues: search}
+		case len(holding) > 1:
+			return TaskETA{}, &AmbiguousTaskError{ID: id, Queues: holding}
 		}
-		if info != nil {
-			return r.etaOf(ctx, q, info, 0)
-		}
+		queue = holding[0]
 	}
-	return TaskETA{}, &TaskNotFoundError{ID: id, Queues: search}
+	info, err := r.find(ctx, queue, id)
+	if err != nil {
+		return TaskETA{}, err
+	}
+	if info == nil {
+		return TaskETA{}, &TaskNotFoundError{ID: id, Queues: search}
+	}
+	return r.etaOf(ctx, queue, info, 0)
 }
 
 // QueueETAs lists up to top (1 to MaxTaskETAs) of queue's tasks that wait
@@ -228,6 +248,62 @@ func (r *etaReader) allQueues() ([]string, error) {
 		}
 	}
 	return names, nil
+}
+
+// holders returns the queues of search that hold task id, or else those
+// that hold a copy it waits as: a pipeline of EXISTS, not a lookup per
+// queue (a server may hold hundreds of queues).
+func (r *etaReader) holders(ctx context.Context, search []string, id string) ([]string, error) {
+	have := func(name func(queue string) []string) ([]string, error) {
+		var keys []string
+		for _, q := range search {
+			keys = append(keys, name(q)...)
+		}
+		found, err := existing(ctx, r.queues, keys)
+		if err != nil {
+			return nil, fmt.Errorf("jobs: looking for task %q in %d queues: %w", id, len(search), err)
+		}
+		var holding []string
+		per := len(keys) / len(search)
+		for i, q := range search {
+			if slices.Contains(found[i*per:(i+1)*per], true) {
+				holding = append(holding, q)
+			}
+		}
+		return holding, nil
+	}
+	holding, err := have(func(q string) []string { return []string{asynqKeys(q) + "t:" + id} })
+	if err != nil || len(holding) > 0 {
+		return holding, err
+	}
+	return have(func(q string) []string {
+		copies := make([]string, maxHopsLooked)
+		for hop := range copies {
+			copies[hop] = asynqKeys(q) + "t:" + id + "~" + strconv.Itoa(hop+1)
+		}
+		return copies
+	})
+}
+
+// existing tells which of keys exist, in pipelines of a bounded size.
+func existing(ctx context.Context, rdb redis.UniversalClient, keys []string) ([]bool, error) {
+	const perTrip = 4096
+	found := make([]bool, len(keys))
+	for start := 0; start < len(keys); start += perTrip {
+		chunk := keys[start:min(start+perTrip, len(keys))]
+		pipe := rdb.Pipeline()
+		cmds := make([]*redis.IntCmd, len(chunk))
+		for i, k := range chunk {
+			cmds[i] = pipe.Exists(ctx, k)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, err
+		}
+		for i, c := range cmds {
+			found[start+i] = c.Val() > 0
+		}
+	}
+	return found, nil
 }
 
 // maxHopsLooked bounds the copies of a task find looks for: a task goes

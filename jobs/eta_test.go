@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ import (
 // turns 500 ms apart, the rest ask again (in a second, or at their backlog
 // line's tickets) within 10 s (those that ran are gone); a queue no worker serves has its
 // tasks pending at positions 1, 2, 3, predicted 500 ms apart from now; an
-// id no queue holds is a TaskNotFoundError naming the queues searched.
+// id no queue holds is a TaskNotFoundError naming the queues searched, and
+// one two queues hold, looked for in every queue, an AmbiguousTaskError
+// naming both.
 func TestETAStates(t *testing.T) {
 	t.Parallel()
 	for name, rdb := range map[string]redis.UniversalClient{"redis": redistest.Client(t), "cluster": redistest.Cluster(t)} {
@@ -65,6 +68,12 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	}
 	for i := range 3 {
 		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(idle), asynq.TaskID(fmt.Sprint("p", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	twin := redistest.Queue(t, "twin")
+	for _, q := range []string{idle, twin} {
+		if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(q), asynq.TaskID(twin+"-both")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -135,5 +144,10 @@ func testETAStates(t *testing.T, rdb redis.UniversalClient) {
 	var missing *jobs.TaskNotFoundError
 	if !errors.As(err, &missing) || missing.ID != "nope" || len(missing.Queues) < 2 {
 		t.Errorf("ETA of an unknown id: %v, want a TaskNotFoundError naming it and both queues", err)
+	}
+	_, err = jobs.ETA(ctx, rdb, queues, all, "", twin+"-both")
+	var ambiguous *jobs.AmbiguousTaskError
+	if !errors.As(err, &ambiguous) || !slices.Equal(slices.Sorted(slices.Values(ambiguous.Queues)), slices.Sorted(slices.Values([]string{idle, twin}))) {
+		t.Errorf("ETA of an id two queues hold: %v, want an AmbiguousTaskError naming %s and %s", err, idle, twin)
 	}
 }

@@ -52,7 +52,7 @@ in local time. An id no queue holds exits 2.`,
 				return redisFailed(fmt.Errorf("eta from %s: %w", redisAt(file.Redis), err))
 			}
 			e, err := jobs.ETA(cmd.Context(), rdb, rdb, cfg, queue, args[0])
-			if errors.As(err, new(*jobs.TaskNotFoundError)) {
+			if errors.As(err, new(*jobs.TaskNotFoundError)) || errors.As(err, new(*jobs.AmbiguousTaskError)) {
 				return badInput(err)
 			}
 			if err != nil {
