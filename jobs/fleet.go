@@ -52,17 +52,16 @@ func (r *orphanRescue) run(ctx context.Context) {
 
 // rescueOrphans runs again the tasks that asynq archived only because the
 // worker running them died and they had no retry left (MaxRetry 0): one
-// worker death is forgiven (a deploy), a second is not (see rescue). One
-// worker of the fleet looks, every few seconds, at the newest 200 archived
-// tasks of each queue (a crash orphans at most the tasks its worker was
+// worker death is forgiven (a deploy), a second is not (see rescue). For
+// each queue, one worker of the fleet looks, every few seconds, at its
+// newest 200 archived tasks (a crash orphans at most the tasks its worker was
 // running).
 func (r *orphanRescue) rescueOrphans(ctx context.Context) {
-	claim := orphanClaim()
-	if ok, err := r.rdb.SetNX(ctx, claim, r.worker, 4*time.Second).Result(); err != nil || !ok {
-		return
-	}
 	const page = 100
 	for queue := range r.gates().cfg.Queues {
+		if ok, err := r.rdb.SetNX(ctx, orphanClaim(queue), r.worker, 4*time.Second).Result(); err != nil || !ok {
+			continue
+		}
 		// The size of the archive alone: Inspector.GetQueueInfo would also
 		// sample the memory of the queue's tasks, some 30 commands.
 		archived, err := r.queues.ZCard(ctx, asynqKeys(queue)+"archived").Result()

@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
@@ -107,6 +108,50 @@ func TestWorkerDeathCounts(t *testing.T) {
 	withRetries.MaxRetry = 3
 	if s.rescuer.rescue(ctx, queue, &withRetries) {
 		t.Fatal("a task with retries, archived when they were spent on worker deaths, was run again")
+	}
+}
+
+// TestOrphansOfEveryFleet: two fleets of different queues on one Redis
+// (two services, or the tests of make test) each rescue their own
+// orphans. The look for orphans was one claim for the whole server: while
+// another fleet's worker held it (4 s of every 5), this fleet's orphans
+// stayed archived (TestWorkerKilled found 6 of 200 tasks archived 170 s
+// after a kill, with the package's other fleets on the server).
+func TestOrphansOfEveryFleet(t *testing.T) {
+	mine, theirs := redistest.Queue(t, "mine"), redistest.Queue(t, "theirs")
+	s := newTestScheduler(t, Config{Queues: map[string]QueueConfig{mine: {}}})
+	other := newTestScheduler(t, Config{Queues: map[string]QueueConfig{theirs: {}}})
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer client.Close()
+	info, err := client.Enqueue(asynq.NewTask("test:orphan", nil), asynq.Queue(mine), asynq.MaxRetry(0), asynq.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.inspector.ArchiveTask(mine, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	// As asynq's recoverer leaves a task whose worker died: its message's
+	// last error (field 7 of asynq's TaskMessage; a field written again
+	// replaces the first) is the expired lease.
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	taskKey := asynqKeys(mine) + "t:" + info.ID
+	msg, err := rdb.HGet(ctx, taskKey, "msg").Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg = protowire.AppendTag(msg, 7, protowire.BytesType)
+	msg = protowire.AppendString(msg, asynq.ErrLeaseExpired.Error())
+	if err := rdb.HSet(ctx, taskKey, "msg", msg).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if archived, err := s.inspector.GetTaskInfo(mine, info.ID); err != nil || archived.LastErr != asynq.ErrLeaseExpired.Error() {
+		t.Fatalf("the orphan as asynq leaves one: %+v (%v)", archived, err)
+	}
+	other.rescuer.rescueOrphans(ctx) // the other fleet looks first
+	s.rescuer.rescueOrphans(ctx)
+	if st, err := s.inspector.GetTaskInfo(mine, info.ID); err != nil || st.State != asynq.TaskStatePending {
+		t.Fatalf("after its fleet looked for orphans, just after another fleet did, the orphan is %v (%v), want pending", st.State, err)
 	}
 }
 

@@ -54,9 +54,11 @@ func rebookClaim(stale []string) string {
 	return throttle.Key("sluice:rebook:", strings.Join(stale, ","))
 }
 
-// orphanClaim is held by the one worker that looks for orphans now;
-// rescuedKey notes that queue's task id was rescued once (fleet.go).
-func orphanClaim() string { return throttle.Key("sluice:rescue:", "orphans") }
+// orphanClaim is held by the one worker that looks for queue's orphans
+// now (one claim a queue: fleets of other queues on the server look at
+// theirs meanwhile); rescuedKey notes that queue's task id was rescued
+// once (fleet.go).
+func orphanClaim(queue string) string { return throttle.Key("sluice:rescue:", queue) }
 
 func rescuedKey(queue, id string) string { return throttle.Key("sluice:rescued:", queue) + ":" + id }
 
