@@ -3,6 +3,8 @@ package jobs
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // TestWokenTaskFirst: a task back from its wait is taken before the
@@ -157,5 +160,50 @@ func TestQueueSizes(t *testing.T) {
 	want := map[string]int64{"pending": int64(info.Pending), "active": int64(info.Active), "scheduled": int64(info.Scheduled), "retry": int64(info.Retry)}
 	if fmt.Sprint(sizes) != fmt.Sprint(want) || sizes["pending"] != 3 || sizes["scheduled"] != 2 {
 		t.Errorf("QueueSizes: %v, want asynq's %v (3 pending, 2 scheduled)", sizes, want)
+	}
+}
+
+// TestServerQueuesAsAsynqKeepsThem: the queues read from a live server's
+// info (fleetSize's count of the servers that share a queue) are those the
+// server was started with, as asynq's own Inspector reads them.
+func TestServerQueuesAsAsynqKeepsThem(t *testing.T) {
+	a, b := redistest.Queue(t, "a"), redistest.Queue(t, "b~1.x")
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: redistest.Addr(t)}, asynq.Config{Queues: map[string]int{a: 3, b: 1}, LogLevel: asynq.WarnLevel})
+	if err := srv.Start(asynq.NewServeMux()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+	defer inspector.Close()
+	var servers []*asynq.ServerInfo
+	testkit.WaitFor(t, 5*time.Second, "the server's first heartbeat", func() bool {
+		var err error
+		if servers, err = inspector.Servers(); err != nil {
+			t.Fatal(err)
+		}
+		return slices.ContainsFunc(servers, func(info *asynq.ServerInfo) bool { return info.Queues[a] == 3 })
+	})
+	rdb := redistest.Client(t)
+	found := false
+	for _, info := range servers {
+		data, err := rdb.Get(context.Background(), fmt.Sprintf("asynq:servers:{%s:%d:%s}", info.Host, info.PID, info.ID)).Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := serverQueues(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(got)
+		if want := slices.Sorted(maps.Keys(info.Queues)); !slices.Equal(got, want) {
+			t.Errorf("server %s: read queues %q, asynq's Inspector %q", info.ID, got, want)
+		}
+		found = found || slices.Equal(got, slices.Sorted(slices.Values([]string{a, b})))
+	}
+	if !found {
+		t.Errorf("no server read as serving %q and %q among %d", a, b, len(servers))
+	}
+	if _, err := serverQueues([]byte{0x2a, 0x05, 0x0a}); err == nil {
+		t.Error("a truncated info read without an error")
 	}
 }

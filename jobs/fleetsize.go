@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 const (
@@ -26,21 +28,28 @@ const (
 	asynqServers = "asynq:servers"
 )
 
-// fleetSize counts the live workers of the fleet (asynq's servers), whose
-// number divides a limit among them for the local policy (throttle.Divide).
-// The count is 0, not known, until this worker has been registered long
-// enough for the others to count it too: until then the local policy
-// denies, and tasks wait in Redis (a worker that counted itself alone would
-// admit the whole limit beside workers started with it).
+// fleetSize counts the live workers of the fleet, whose number divides a
+// limit among them for the local policy (throttle.Divide): asynq's live
+// servers that serve one of this worker's queues. Servers of other fleets
+// on the same Redis, on queues of their own, draw nothing from its limits
+// and are not counted. The count is 0, not known, until this worker has
+// been registered long enough for the others to count it too: until then
+// the local policy denies, and tasks wait in Redis (a worker that counted
+// itself alone would admit the whole limit beside workers started with
+// it).
 type fleetSize struct {
 	queues redis.UniversalClient // asynq's Redis
+	served func() []string       // the queues this worker serves
 	self   string                // this process in asynq's server keys: "{host:pid:"
 	n      atomic.Int64
-	joined time.Time // when a count first saw this process; run's own
+	// run's own:
+	joined  time.Time       // when a count first saw this process
+	ours    string          // served, as countSharing last classified the servers for it
+	sharing map[string]bool // live server key -> it serves one of ours
 }
 
-func newFleetSize(queues redis.UniversalClient) *fleetSize {
-	return &fleetSize{queues: queues, self: "{" + asynqHost() + ":" + strconv.Itoa(os.Getpid()) + ":"}
+func newFleetSize(queues redis.UniversalClient, served func() []string) *fleetSize {
+	return &fleetSize{queues: queues, served: served, self: "{" + asynqHost() + ":" + strconv.Itoa(os.Getpid()) + ":", sharing: map[string]bool{}}
 }
 
 // asynqHost is the host name asynq registers its servers under.
@@ -80,7 +89,107 @@ func (f *fleetSize) count(ctx context.Context) {
 		}
 		f.joined = now
 	}
-	if now.Sub(f.joined) >= fleetSettle {
-		f.n.Store(int64(len(live)))
+	if now.Sub(f.joined) < fleetSettle {
+		return
 	}
+	if n, err := f.countSharing(ctx, live); err == nil {
+		f.n.Store(int64(n))
+	}
+}
+
+// countSharing counts the servers among live that serve one of this worker's
+// queues. What a server serves is fixed for its life: it is read once, from
+// the info asynq keeps for it, so a steady fleet costs no read but the
+// count's own.
+func (f *fleetSize) countSharing(ctx context.Context, live []string) (int, error) {
+	served := f.served()
+	if ours := strings.Join(served, "\x00"); ours != f.ours {
+		f.ours, f.sharing = ours, map[string]bool{}
+	}
+	var unknown []string
+	for _, key := range live {
+		if _, ok := f.sharing[key]; !ok {
+			unknown = append(unknown, key)
+		}
+	}
+	infos := make([]*redis.StringCmd, len(unknown))
+	if len(unknown) > 0 {
+		_, err := f.queues.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, key := range unknown {
+				infos[i] = p.Get(ctx, key)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return 0, err
+		}
+	}
+	for i, key := range unknown {
+		info, err := infos[i].Bytes()
+		if err != nil {
+			continue // gone since the count (redis.Nil): not counted, and looked at again if still listed
+		}
+		queues, err := serverQueues(info)
+		// Info this asynq version cannot read: counted, as a worker
+		// that shares is (the twins smaller, never larger).
+		f.sharing[key] = err != nil || slices.ContainsFunc(queues, func(q string) bool { return slices.Contains(served, q) })
+	}
+	n := 0
+	kept := make(map[string]bool, len(live))
+	for _, key := range live {
+		if shares, ok := f.sharing[key]; ok {
+			kept[key] = shares
+			if shares {
+				n++
+			}
+		}
+	}
+	f.sharing = kept
+	return n, nil
+}
+
+// serverQueues reads the queues a server serves from the info asynq keeps
+// for it (asynq v0.26: a ServerInfo message, whose field 5 is the map of
+// its queues to their priorities, an entry a message of key 1 and value 2).
+func serverQueues(info []byte) ([]string, error) {
+	var queues []string
+	for len(info) > 0 {
+		num, typ, n := protowire.ConsumeTag(info)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		info = info[n:]
+		if num != 5 || typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, info); n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			info = info[n:]
+			continue
+		}
+		entry, n := protowire.ConsumeBytes(info)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		info = info[n:]
+		for len(entry) > 0 {
+			num, typ, n := protowire.ConsumeTag(entry)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			entry = entry[n:]
+			if num == 1 && typ == protowire.BytesType {
+				name, n := protowire.ConsumeString(entry)
+				if n < 0 {
+					return nil, protowire.ParseError(n)
+				}
+				queues = append(queues, name)
+				break
+			}
+			if n = protowire.ConsumeFieldValue(num, typ, entry); n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			entry = entry[n:]
+		}
+	}
+	return queues, nil
 }

@@ -39,6 +39,7 @@ func (h *misbehaving) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // ran), and each bad task (MaxRetry 0) is archived as failed, a panic with
 // its message in the task's last error.
 func TestHandlerEndsGiveBack(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		desc    string
 		how     string

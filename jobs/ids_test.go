@@ -20,6 +20,7 @@ import (
 // (turns more than hold_max away) or in their key's line. (The booking
 // refused ids over 1 KiB as a bad cost: they were archived with 0 runs.)
 func TestLongTaskIDs(t *testing.T) {
+	t.Parallel()
 	queue, fair, quota := redistest.Queue(t, "q"), redistest.Queue(t, "fair"), redistest.Queue(t, "api")
 	drain := &jobs.LimitConfig{Limit: 4, Period: time.Second, Burst: 1}
 	cfg := jobs.Config{

@@ -14,6 +14,7 @@ import (
 // sluice_tasks_processed_total, not as an error; its run after the block
 // (max_block 1s) counts as ok.
 func TestUpstreamBusyIsNotAnError(t *testing.T) {
+	t.Parallel()
 	queue, quota := redistest.Queue(t, "q"), redistest.Queue(t, "api")
 	cfg := jobs.Config{
 		Queues: map[string]jobs.QueueConfig{queue: {}},

@@ -113,10 +113,11 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		metrics:   m,
 		log:       log,
 		worker:    asynqHost() + ":" + strconv.Itoa(os.Getpid()),
-		fleet:     newFleetSize(queues),
+
 		clock:     schedClock{Clock: throttle.SystemClock{}},
 		slotLease: slotLease,
 	}
+	s.fleet = newFleetSize(queues, func() []string { return slices.Sorted(maps.Keys(servedQueues(s.Config()))) })
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -353,13 +354,7 @@ func (s *Scheduler) putInForce(cfg Config, rebook bool) error {
 // Config changes to queues need a restart.
 func (s *Scheduler) AsynqConfig() asynq.Config {
 	cfg := s.Config()
-	queues := map[string]int{}
-	for name, q := range cfg.Queues {
-		queues[name] = q.Priority
-	}
-	if len(queues) == 0 {
-		queues["default"] = 1
-	}
+	queues := servedQueues(cfg)
 	return asynq.Config{
 		// asynq runs a handler per slot; sluice's middleware lets only
 		// Concurrency of them run theirs at once and the others wait for
@@ -390,6 +385,19 @@ func (s *Scheduler) AsynqConfig() asynq.Config {
 			return asynq.DefaultRetryDelayFunc(n, err, t)
 		},
 	}
+}
+
+// servedQueues is the queues an asynq server for cfg serves, with their
+// priorities (asynq's "default" where cfg names none).
+func servedQueues(cfg Config) map[string]int {
+	queues := map[string]int{}
+	for name, q := range cfg.Queues {
+		queues[name] = q.Priority
+	}
+	if len(queues) == 0 {
+		queues["default"] = 1
+	}
+	return queues
 }
 
 // Middleware is the asynq middleware that gates every task.

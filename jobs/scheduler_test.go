@@ -162,6 +162,7 @@ func (g *gauge) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // TestConcurrencyLimitIsFleetWide: a queue limited to 2 tasks at once, on
 // two workers of 10 slots each, never runs more than 2, and runs them all.
 func TestConcurrencyLimitIsFleetWide(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{Concurrency: 10},

@@ -279,6 +279,7 @@ func TestConcurrencyRedisRefused(t *testing.T) {
 // to 1 at once, they never run at the same time (on main both held the
 // one holder, and 2 ran at once).
 func TestSameIDInTwoQueues(t *testing.T) {
+	t.Parallel()
 	a, b := redistest.Queue(t, "a"), redistest.Queue(t, "b")
 	cfg := jobs.Config{
 		Queues: map[string]jobs.QueueConfig{a: {}, b: {}},

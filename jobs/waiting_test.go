@@ -161,6 +161,7 @@ func TestRetryAfterClamped(t *testing.T) {
 // the pause and come back for long after it are booked again, not run
 // together.
 func TestPausedQueueResumesAtItsRate(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	cfg := jobs.Config{
 		Worker: jobs.WorkerConfig{Concurrency: 10},

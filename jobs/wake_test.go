@@ -122,6 +122,7 @@ func TestWakerOnTime(t *testing.T) {
 // worker.reserve_max) book again when a config with a faster limit comes
 // into force, instead of running at the old rate.
 func TestHeldTaskBooksAgainOnReload(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	cfg := func(perSecond int) Config {
 		return Config{
@@ -338,6 +339,7 @@ func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // wake set by its booking's own script run, not by a second one; it comes
 // back on time and runs once.
 func TestBookingNotesWaitingTask(t *testing.T) {
+	t.Parallel()
 	queue := redistest.Queue(t, "q")
 	rdb := redistest.Client(t)
 	notes := &scriptCalls{op: "note"}
