@@ -11,7 +11,10 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # promtool and a headless Chromium from scripts/test-tools.sh (the limits
 # page's, the dashboard's and the rules' tests). The unit tests that
 # mostly wait (on TTLs, on Redis failing, on a manual clock's tasks) are
-# t.Parallel: 4 of them at once, where their waits overlap. go vet and the
+# t.Parallel: 8 of them at once, where their waits overlap (at 4, jobs's
+# longest, TestKeyedQuotaMemoryBack, 70 s of TTLs, waited 13 s for a place:
+# jobs and throttle took 148 s together; 117 s at 8, with eight more jobs
+# tests beside the others; the 2 CPUs were 40% busy at 4). go vet and the
 # lint run before them, not beside: on 2 CPUs their builds and the tests'
 # race-instrumented builds slowed each other (2026-12-03: the unit tests
 # with vet and the lint beside them took 352 s, about 306 s after them).
@@ -47,7 +50,7 @@ test: vet lint
 	scripts/redis-env.sh bash -c '\
 		idle_log=$$(mktemp); \
 		$(GO) test -count=1 -timeout 15m -run "$(E2E_IDLE)" ./test >$$idle_log 2>&1 & idle_pid=$$!; \
-		$(GO) test -race -count=1 -timeout 15m -parallel 4 $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
+		$(GO) test -race -count=1 -timeout 15m -parallel 8 $$($(GO) list ./... | grep -v "/sluice/test$$"); unit=$$?; \
 		$(GO) test -count=1 -timeout 15m -parallel $(E2E_PARALLEL) -skip "$(E2E_IDLE)" ./test; e2e=$$?; \
 		wait $$idle_pid; idle=$$?; echo "--- the waiting end-to-end tests ($(E2E_IDLE)):"; cat $$idle_log; rm -f $$idle_log; \
 		exit $$((unit || e2e || idle))'
