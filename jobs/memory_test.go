@@ -26,10 +26,10 @@ import (
 // 4 tasks, two of which wait, so that every key also keeps its one-minute
 // count of throttles; once every TTL has passed (the counts' 70s the
 // longest), Redis holds no key it did not hold before, and its used_memory
-// is back to what it was. It waits those 70s beside the package's other
-// tests.
+// is back to what it was. It books among the package's first tests, in
+// sequence, and waits those 70s beside the others: the TTLs run on while
+// it waits for its place among the parallel tests.
 func TestKeyedQuotaMemoryBack(t *testing.T) {
-	t.Parallel()
 	const keys, each, callers = 10_000, 4, 32
 	server := redistest.StartServer(t, "--appendonly", "no")
 	rdb := redis.NewClient(&redis.Options{Addr: server.Addr})
@@ -65,29 +65,32 @@ func TestKeyedQuotaMemoryBack(t *testing.T) {
 		wg.Wait()
 	}
 	dbsize := func() int64 { return rdb.DBSize(ctx).Val() }
-	waitEmpty := func(within time.Duration) time.Duration {
-		start := time.Now()
+	// waitEmpty waits until Redis holds no key, at most within after
+	// booked, the last booking's end, and returns how long after it that was.
+	waitEmpty := func(booked time.Time, within time.Duration) time.Duration {
 		for dbsize() > 0 {
-			if time.Since(start) > within {
+			if time.Since(booked) > within {
 				t.Fatalf("%d keys still in Redis %v after the last booking, e.g. %v", dbsize(), within, scanKeys(t, rdb, "*")[:1])
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
-		return time.Since(start)
+		return time.Since(booked)
 	}
 
 	// The scripts loaded and run once, everything they wrote expired (no
 	// task waited: no count of throttles to wait for): the baseline.
 	bookAll(10, 2, "warm")
-	waitEmpty(10 * time.Second)
+	waitEmpty(time.Now(), 10*time.Second)
 	baseline := usedMemory(t, rdb)
 
 	bookAll(keys, each, "k")
 	if t.Failed() {
 		t.FailNow()
 	}
+	booked := time.Now()
 	peak, peakKeys := usedMemory(t, rdb), dbsize()
-	gone := waitEmpty(80 * time.Second)
+	t.Parallel() // the TTLs run on while the package's tests in sequence do
+	gone := waitEmpty(booked, 80*time.Second)
 	// Expired keys leave the dictionaries' tables a moment longer: Redis
 	// shrinks them in its cron.
 	var after int64
