@@ -3,8 +3,10 @@ package algorithms
 import (
 	"context"
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -410,28 +412,36 @@ func (op *Op) bookBucketsKeys() []string {
 	return keys
 }
 
+// bookBucketsArgs are the clock and the call's numbers and texts, packed
+// (lua/book_buckets.lua).
 func (op *Op) bookBucketsArgs() []any {
 	clock := ""
 	if op.Now != Now {
 		clock = strconv.FormatInt(op.Now, 10)
 	}
-	args := make([]any, 0, 12)
-	args = append(args, clock)
-	var perMicro [2]int64
+	// Doubles, as Lua holds numbers: the values it read from their text before.
+	packed := appendDoubles(make([]byte, 0, 12*8+2*20), op.Now)
+	var perMicro, needs [2]int64
 	for i, c := range op.Claims {
 		p := c.Params
 		g := gcd(p.Limit, p.Period)
 		perEvent := p.Period / g
-		args = append(args, perEvent, p.Burst*perEvent, c.N*perEvent)
-		perMicro[i] = p.Limit / g
+		packed = appendDoubles(packed, perEvent, p.Burst*perEvent, c.N*perEvent)
+		perMicro[i], needs[i] = p.Limit/g, c.N*perEvent
 	}
-	// As leanArgs: the last five left out where they are 0, or 1 for
-	// limit/g (lua/book_buckets.lua).
-	args = append(args, op.Slack, op.MaxWait, op.notBefore())
-	if perMicro != [2]int64{1, 1} {
-		return append(args, perMicro[0], perMicro[1])
+	packed = appendDoubles(packed, op.Slack, op.MaxWait, op.NotBefore, perMicro[0], perMicro[1])
+	for _, n := range needs {
+		packed = append(strconv.AppendInt(packed, n, 10), 0)
 	}
-	return trimZeros(args, 7)
+	return []any{clock, packed}
+}
+
+// appendDoubles appends each of vs to b as a little-endian double.
+func appendDoubles(b []byte, vs ...int64) []byte {
+	for _, v := range vs {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
+	}
+	return b
 }
 
 // notBefore is op.NotBefore for the lean scripts, which book from the

@@ -7,14 +7,15 @@
 --
 -- KEYS[1], KEYS[2] -> the claims' state keys (aux keys: KEYS[i] .. ':b')
 -- ARGV[1] -> now in µs, or '' to read Redis TIME
--- ARGV[2..4], ARGV[5..7] -> claim 1's and claim 2's period/g, and burst
---            and n in units of 1/(limit/g) µs, g = gcd(limit, period)
--- ARGV[8] -> TTL slack (µs), added to every TTL
--- ARGV[9] -> the longest wait (µs); 0 counts now or never
--- ARGV[10] -> not before (µs)
--- ARGV[11], ARGV[12] -> claim 1's and claim 2's limit/g
---            (ARGV[8..12] left out from the first on that all are 0, or 1
---            for limit/g)
+-- ARGV[2] -> the call's numbers and texts, packed (struct's '<'): twelve
+--            doubles: now (µs; any value where ARGV[1] is ''), claim 1's
+--            and then claim 2's period/g, and burst and n in units of
+--            1/(limit/g) µs, g = gcd(limit, period), the TTL slack (µs),
+--            added to every TTL, the longest wait (µs; 0 counts now or
+--            never), not before (µs), claim 1's and claim 2's limit/g; then
+--            claim 1's and claim 2's n in units as zero-terminated text,
+--            which the state of an empty bucket booked at now is written
+--            from (with ARGV[1]), no number formatted
 -- Output  -> book.lua's; a booking's claims without retry_after (0) and
 --            with their pieces as two integers each, ref and from, not
 --            the string "ref from to" (to is from + n, in units):
@@ -26,20 +27,13 @@
 -- more than the rest of the decision.
 
 local BOOK_PASSES = 16 -- book.lua's MAX_PASSES
-local now = clock()
-local pe1, w1, n1 = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
-local pe2, w2, n2 = ARGV[5] + 0, ARGV[6] + 0, ARGV[7] + 0
-local slack, max_wait, start, pm1, pm2 = 0, 0, now, 1, 1
-if ARGV[8] then
-  slack = ARGV[8] + 0
-  if ARGV[9] then
-    max_wait = ARGV[9] + 0
-    if ARGV[10] then
-      if ARGV[10] + 0 > now then start = ARGV[10] + 0 end
-      if ARGV[11] then pm1, pm2 = ARGV[11] + 0, ARGV[12] + 0 end
-    end
-  end
-end
+-- One argument, read in one call of struct.unpack: each argument costs the
+-- server its own place in ARGV, and each number sent as text a conversion
+-- (strtod), about 1,500 instructions a number.
+local now, pe1, w1, n1, pe2, w2, n2, slack, max_wait, start, pm1, pm2, need1, need2 =
+  struct.unpack('<ddddddddddddss', ARGV[2])
+if ARGV[1] == '' then now = clock() end
+if start < now then start = now end
 
 local r1, s1, e1, c1, h1, m1, st1 = bucket_read(KEYS[1], now, pm1)
 if not r1 then return book_buckets_slow(now, start, max_wait, slack, {pe1, w1, n1, pm1}, {pe2, w2, n2, pm2}) end
@@ -84,8 +78,8 @@ if c1 == 1 and (y1 < s1 or y1 > e1) or c2 == 1 and (y2 < s2 or y2 > e2) then ret
 local from1, from2 = y1, y2
 if c1 == 1 then from1 = e1 end
 if c2 == 1 then from2 = e2 end
-s1, e1 = bucket_write(KEYS[1], r1, s1, e1, c1, h1, m1, pm1, n1, y1, now, slack, ARGV[1], ARGV[4])
-s2, e2 = bucket_write(KEYS[2], r2, s2, e2, c2, h2, m2, pm2, n2, y2, now, slack, ARGV[1], ARGV[7])
+s1, e1 = bucket_write(KEYS[1], r1, s1, e1, c1, h1, m1, pm1, n1, y1, now, slack, ARGV[1], need1)
+s2, e2 = bucket_write(KEYS[2], r2, s2, e2, c2, h2, m2, pm2, n2, y2, now, slack, ARGV[1], need2)
 -- bucket_room and bucket_reset at at, inline (booked at the end of the
 -- one span: it starts at or before y and ends at e); in µs, no division,
 -- where limit/g is 1.
@@ -99,9 +93,14 @@ if z2 < 0 then z2 = 0 end
 local reset1, reset2 = e1 - y1, e2 - y2
 if pm1 ~= 1 then reset1 = ceildiv(reset1, pm1) end
 if pm2 ~= 1 then reset2 = ceildiv(reset2, pm2) end
+-- floordiv(w - z, pe) inline: a call of a Lua function costs more than
+-- these steps.
+local left1, left2 = w1 - z1, w2 - z2
+local q1, q2 = left1 % pe1, left2 % pe2
+if q1 < 0 then q1 = q1 + pe1 elseif q1 >= pe1 then q1 = q1 - pe1 end
+if q2 < 0 then q2 = q2 + pe2 elseif q2 >= pe2 then q2 = q2 - pe2 end
+left1, left2 = (left1 - q1) / pe1, (left2 - q2) / pe2
 if c1 == 0 and c2 == 0 and at == now then -- refs now and froms 0: four values fewer
-  return {1, now, at, floordiv(w1 - z1, pe1), reset1, floordiv(w2 - z2, pe2), reset2}
+  return {1, now, at, left1, reset1, left2, reset2}
 end
-return {1, now, at,
-  floordiv(w1 - z1, pe1), at - now + reset1, r1, from1,
-  floordiv(w2 - z2, pe2), at - now + reset2, r2, from2}
+return {1, now, at, left1, at - now + reset1, r1, from1, left2, at - now + reset2, r2, from2}
