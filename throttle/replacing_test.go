@@ -85,6 +85,7 @@ func TestReplacingKeepsWhatWasUsed(t *testing.T) {
 // period, burst and sub-windows too): every decision must be the same,
 // on keys used before the change and on keys first used after it.
 func TestReplacingMatchesLocal(t *testing.T) {
+	t.Parallel() // on a manual clock: it runs beside the package's other tests
 	ctx := context.Background()
 	for _, e := range engines(t)[1:] {
 		for _, a := range throttle.Algorithms {
