@@ -126,8 +126,11 @@ func (f *fleetSize) countSharing(ctx context.Context, live []string) (int, error
 	}
 	for i, key := range unknown {
 		info, err := infos[i].Bytes()
+		if errors.Is(err, redis.Nil) {
+			continue // gone since the count: not counted, and looked at again if still listed
+		}
 		if err != nil {
-			continue // gone since the count (redis.Nil): not counted, and looked at again if still listed
+			return 0, err // the last count stands
 		}
 		queues, err := serverQueues(info)
 		// Info this asynq version cannot read: counted, as a worker
