@@ -108,17 +108,9 @@ func Book(ctx context.Context, claims []Claim, notBefore time.Time, maxWait time
 	if maxWait < 0 {
 		return Booking{}, fmt.Errorf("%w: maxWait must be >= 0, got %v", ErrMisuse, maxWait)
 	}
-	parts, err := partsOf(claims)
+	b, err := newBooker(claims, notBefore, maxWait, opts)
 	if err != nil {
 		return Booking{}, err
-	}
-	wait := maxWait.Microseconds()
-	for _, p := range parts {
-		wait = min(wait, p.lim.compiled().horizon)
-	}
-	b := &booker{parts: parts, notBefore: unixMicros(notBefore), maxWait: wait}
-	for _, opt := range opts {
-		opt(b)
 	}
 	if b.reminds != nil {
 		return Booking{}, fmt.Errorf("%w: RemindEach is an option of BookSeries; a Book notes its turn with Remind", ErrMisuse)
@@ -286,6 +278,24 @@ func (g *group) recover(ctx context.Context, s *step, err error) error {
 		return nil
 	}
 	return g.site.run(ctx, s)
+}
+
+// newBooker is a Book's or a BookSeries's booker for claims: their parts,
+// and the longest wait no longer than any limit's horizon.
+func newBooker(claims []Claim, notBefore time.Time, maxWait time.Duration, opts []BookOption) (*booker, error) {
+	parts, err := partsOf(claims)
+	if err != nil {
+		return nil, err
+	}
+	wait := maxWait.Microseconds()
+	for _, p := range parts {
+		wait = min(wait, p.lim.compiled().horizon)
+	}
+	b := &booker{parts: parts, notBefore: unixMicros(notBefore), maxWait: wait}
+	for _, opt := range opts {
+		opt(b)
+	}
+	return b, nil
 }
 
 // booker runs one Book.

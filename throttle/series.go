@@ -119,17 +119,9 @@ func BookSeries(ctx context.Context, claims []Claim, ids []string, notBefore tim
 			return misuse("claim %d replaces a turn: a series books fresh turns only", i)
 		}
 	}
-	parts, err := partsOf(claims)
+	b, err := newBooker(claims, notBefore, maxWait, opts)
 	if err != nil {
 		return nil, err
-	}
-	wait := maxWait.Microseconds()
-	for _, p := range parts {
-		wait = min(wait, p.lim.compiled().horizon)
-	}
-	b := &booker{parts: parts, notBefore: unixMicros(notBefore), maxWait: wait}
-	for _, opt := range opts {
-		opt(b)
 	}
 	if b.remind != nil {
 		return misuse("Remind notes one member; a series notes one per turn with RemindEach")
@@ -140,11 +132,11 @@ func BookSeries(ctx context.Context, claims []Claim, ids []string, notBefore tim
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	groups := groupsOf(parts)
-	if len(groups) > 1 || !seriesRuns(parts) {
+	groups := groupsOf(b.parts)
+	if len(groups) > 1 || !seriesRuns(b.parts) {
 		return bookEach(ctx, claims, ids, notBefore, minAhead, maxWait, opts, b.reminds)
 	}
-	s := &step{op: algorithms.OpSeries, parts: parts, notBefore: b.notBefore, maxWait: b.maxWait, late: b.late, ids: ids, minAhead: minAhead.Microseconds()}
+	s := &step{op: algorithms.OpSeries, parts: b.parts, notBefore: b.notBefore, maxWait: b.maxWait, late: b.late, ids: ids, minAhead: minAhead.Microseconds()}
 	if r := b.reminds; r != nil && groups[0].site.reaches(r.key) {
 		s.reminds = &algorithms.RemindEach{Key: r.key, Members: r.members, Lead: r.lead.Microseconds(), After: max(0, r.after.Microseconds())}
 	}
@@ -156,8 +148,8 @@ func BookSeries(ctx context.Context, claims []Claim, ids []string, notBefore tim
 	}
 	booked := make([]Booking, len(s.series))
 	for t, turn := range s.series {
-		bk := Booking{OK: true, Reminded: turn.Reminded, At: time.UnixMicro(turn.At), Delay: micros(max(0, turn.At-turn.Now)), Turns: make([]Reservation, len(parts))}
-		for i, p := range parts {
+		bk := Booking{OK: true, Reminded: turn.Reminded, At: time.UnixMicro(turn.At), Delay: micros(max(0, turn.At-turn.Now)), Turns: make([]Reservation, len(b.parts))}
+		for i, p := range b.parts {
 			c := turn.Claims[i]
 			bk.Turns[i] = Reservation{
 				OK: true, Delay: bk.Delay, At: bk.At, N: int(p.n),
