@@ -45,7 +45,6 @@ local constructors = {
   token_bucket = new_bucket, leaky_bucket = new_bucket,
   fair_share = new_fair,
 }
-local MAX_PASSES = 16 -- see maxPasses in algorithms.go
 
 local now = clock()
 local op = ARGV[2]
@@ -199,21 +198,8 @@ for i, c in ipairs(claims) do
     if c.own > at then at = c.own end
   end
 end
--- One claim's own earliest turn is the turn.
-local settled = #claims == 1 and at - now <= max_wait
-local pass = 0
-while not settled and pass < MAX_PASSES and at - now <= max_wait do
-  local next_ = at
-  for _, c in ipairs(claims) do
-    next_ = c.g.earliest(next_)
-    if next_ - now > max_wait then break end
-  end
-  if next_ == at then
-    settled = true
-    break
-  end
-  at, pass = next_, pass + 1
-end
+local settled
+at, settled = settle(claims, #claims, at, now, max_wait)
 reply[3] = at
 
 -- A claim whose own limit could not give its events the instant asked

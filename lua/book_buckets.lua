@@ -26,7 +26,7 @@
 -- Two claims in locals, not a table each: reading a table's fields cost
 -- more than the rest of the decision.
 
-local BOOK_PASSES = 16 -- book.lua's MAX_PASSES
+local BOOK_PASSES = 16 -- settle.lua's MAX_PASSES
 -- One argument, read in one call of struct.unpack: each argument costs the
 -- server its own place in ARGV, and each number sent as text a conversion
 -- (strtod), about 1,500 instructions a number.

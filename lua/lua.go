@@ -6,7 +6,8 @@
 // Book is common.lua (clock, exact integer division), one constructor per
 // kind of state (counter.lua: fixed_window and sliding_counter;
 // sliding_log.lua; bucket.lua: token_bucket and leaky_bucket; fair.lua:
-// a queue's fair shares, which wake.lua shares), and the
+// a queue's fair shares, which wake.lua shares), settle.lua (the
+// instant at which every claim's earliest turn agrees), and the
 // driver, book.lua, which runs one operation on several limits at once
 // (book, cancel, block or peek) and documents the KEYS and ARGV it takes.
 // Each constructor mirrors its Go twin in package algorithms. Allow is
@@ -28,7 +29,7 @@ import (
 var files embed.FS
 
 // bookParts are the pieces of Book before its driver.
-var bookParts = []string{"common.lua", "counter.lua", "sliding_log.lua", "bucket.lua", "fair.lua"}
+var bookParts = []string{"common.lua", "counter.lua", "sliding_log.lua", "bucket.lua", "fair.lua", "settle.lua"}
 
 // Book runs an operation on the limits of one cluster slot (see book.lua).
 var Book = join(append(bookParts, "book.lua")...)

@@ -45,7 +45,6 @@ local constructors = {
   sliding_log = new_sliding_log,
   token_bucket = new_bucket, leaky_bucket = new_bucket,
 }
-local MAX_PASSES = 16 -- see maxPasses in algorithms.go
 
 local now = clock()
 local max_wait, min_ahead = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -76,20 +75,8 @@ while booked < nturns do
     if c.from - now <= max_wait then c.own = c.g.earliest(c.from) end
     if c.own > at then at = c.own end
   end
-  local settled = nclaims == 1 and at - now <= max_wait
-  local pass = 0
-  while not settled and pass < MAX_PASSES and at - now <= max_wait do
-    local next_ = at
-    for _, c in ipairs(claims) do
-      next_ = c.g.earliest(next_)
-      if next_ - now > max_wait then break end
-    end
-    if next_ == at then
-      settled = true
-      break
-    end
-    at, pass = next_, pass + 1
-  end
+  local settled
+  at, settled = settle(claims, nclaims, at, now, max_wait)
   if not settled or at - now > max_wait or at - now < min_ahead then break end
 
   booked = booked + 1
