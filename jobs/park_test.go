@@ -397,18 +397,9 @@ func TestParkHandsBackOnRoom(t *testing.T) {
 	s := newTestScheduler(t, Config{
 		Queues: map[string]QueueConfig{queue: {Drain: &LimitConfig{Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}}},
 	})
-	ctx := context.Background()
 	enqueueTen(t, "test:any", queue)
-	s.parker.ask(queue)
-	s.parker.parkBacklogs(ctx)
-	now, err := s.rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := parkNow(t, s, queue)
+	due := dueIn(t, s, queue)
 	// (now, read after the parking, from Redis; the parker's clock may
 	// run a little ahead of it)
 	if len(due) != 10 || int64(due[9].Score) > now.Add(50*time.Millisecond).UnixMicro() {
@@ -435,20 +426,11 @@ func TestParkSharesAQuota(t *testing.T) {
 		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
 		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
 	})
-	ctx := context.Background()
 	enqueueTen(t, "test:api", probed, sent)
-	s.parker.ask(sent)
-	s.parker.parkBacklogs(ctx)
-	now, err := s.rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := parkNow(t, s, sent)
 	last := map[string]time.Duration{}
 	for _, q := range []string{probed, sent} {
-		due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(q)[0], 0, -1).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
+		due := dueIn(t, s, q)
 		if len(due) != 10 {
 			t.Fatalf("%d tasks of %s noted in its wake set, want its 10 parked", len(due), q)
 		}
@@ -649,7 +631,6 @@ func TestParkGapIsNotRoom(t *testing.T) {
 		},
 		Tasks: map[string]TaskConfig{"test:busy": {Quotas: []string{busy}}, "test:roomy": {Quotas: []string{roomy}}},
 	})
-	ctx := context.Background()
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
 	defer client.Close()
 	for i, typ := range []string{"test:busy", "test:roomy", "test:busy", "test:busy", "test:busy", "test:busy"} {
@@ -658,16 +639,8 @@ func TestParkGapIsNotRoom(t *testing.T) {
 		}
 	}
 	bookWarm(t, s, "test:busy", queue)
-	s.parker.ask(queue)
-	s.parker.parkBacklogs(ctx)
-	now, err := s.rdb.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	due, err := s.rdb.ZRangeWithScores(ctx, wakeKeys(queue)[0], 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := parkNow(t, s, queue)
+	due := dueIn(t, s, queue)
 	if len(due) != 6 {
 		t.Fatalf("%d tasks noted in the wake set, want the 6 parked", len(due))
 	}
@@ -777,6 +750,31 @@ func parkDueInOrder(t *testing.T, s *Scheduler, queue string, n int) []redis.Z {
 				t.Errorf("tasks %v and %v due back %dµs apart, want one turn (100000µs)", due[i-1].Member, z.Member, gap)
 			}
 		}
+	}
+	return due
+}
+
+// parkNow has s's parker park queue's backlog, and returns Redis's clock
+// after it.
+func parkNow(t *testing.T, s *Scheduler, queue string) time.Time {
+	t.Helper()
+	ctx := context.Background()
+	s.parker.ask(queue)
+	s.parker.parkBacklogs(ctx)
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// dueIn is queue's wake set: its tasks with when each is due back, the
+// earliest first.
+func dueIn(t *testing.T, s *Scheduler, queue string) []redis.Z {
+	t.Helper()
+	due, err := s.rdb.ZRangeWithScores(context.Background(), wakeKeys(queue)[0], 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return due
 }

@@ -49,7 +49,8 @@ end
 local at = own1
 if own2 > at then at = own2 end
 -- Where both own turns are one instant, it is the turn (each claim's
--- earliest from its own turn is that turn).
+-- earliest from its own turn is that turn). Otherwise settle.lua's loop,
+-- on the two buckets' states as read, without their constructors' objects.
 local settled, pass = own1 == own2, 0
 while not settled and pass < BOOK_PASSES and at - now <= max_wait do
   local next_ = bucket_earliest(r1, s1, e1, c1, pm1, w1, n1, at)
