@@ -107,8 +107,8 @@ func TestRedisUnreachable(t *testing.T) {
 // the workers hold tasks for their turns (hold_max 10s), so each twin's
 // rate shows. Each twin is the quota divided by the fleet, 2/s with a
 // burst of 1, from the first task on: at most 3 + 6 tasks run in any
-// second, and all 60 run within 90 s (a worker that holds most of them
-// runs them at its share, 2/s). On main each worker counted the
+// second, and all 60 run within 40 s (a worker that holds most of them
+// runs them at its share, 2/s: 30 s). On main each worker counted the
 // fleet before the others had registered, and again only 10 s later:
 // 18 or 19 ran in a second. The Redis is shared with servers of another
 // fleet, on another queue, as a company's Redis often is: they do not

@@ -113,7 +113,6 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 		metrics:   m,
 		log:       log,
 		worker:    asynqHost() + ":" + strconv.Itoa(os.Getpid()),
-
 		clock:     schedClock{Clock: throttle.SystemClock{}},
 		slotLease: slotLease,
 	}
