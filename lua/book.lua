@@ -199,7 +199,7 @@ for i, c in ipairs(claims) do
   end
 end
 local settled
-at, settled = settle(claims, #claims, at, now, max_wait)
+at, settled = settle_instant(claims, at, now, max_wait)
 reply[3] = at
 
 -- A claim whose own limit could not give its events the instant asked

@@ -76,7 +76,7 @@ while booked < nturns do
     if c.own > at then at = c.own end
   end
   local settled
-  at, settled = settle(claims, nclaims, at, now, max_wait)
+  at, settled = settle_instant(claims, at, now, max_wait)
   if not settled or at - now > max_wait or at - now < min_ahead then break end
 
   booked = booked + 1
