@@ -405,3 +405,58 @@ func TestWakerTakesBackItsOwnLease(t *testing.T) {
 		t.Errorf("a waker that lost track of its own lease is not the waker at its next look (looks again in %v)", d)
 	}
 }
+
+// TestWakerPushesInTurnOrder: the tasks one look brings back (up to
+// wakeBatch) go to pending with the earliest due at the right end, which
+// asynq takes first, on the limits' server (wake.lua moves them) and apart
+// from it (ready.lua). A worker short of free slots takes them one by one
+// as slots free: pushed in the order due, the last due came first and the
+// first waited, and at 300/s some came after their turns
+// (TestShardedQueue). A later look's tasks still go to the right of an
+// earlier one's not taken yet: see defaultWaiting.
+func TestWakerPushesInTurnOrder(t *testing.T) {
+	for _, moves := range []bool{true, false} {
+		t.Run(fmt.Sprintf("moves=%v", moves), func(t *testing.T) {
+			queue := redistest.Queue(t, "q")
+			rdb := redistest.Client(t)
+			s := newScheduler(t, rdb, Config{Queues: map[string]QueueConfig{queue: {}}})
+			s.waker.moves = moves
+			client := asynq.NewClient(asynq.RedisClientOpt{Addr: redistest.Addr(t)})
+			defer client.Close()
+			const n = wakeBatch
+			ids := make([]string, n)
+			for i := range ids {
+				ids[i] = fmt.Sprintf("task-%03d", i)
+				if _, err := client.Enqueue(asynq.NewTask("test:record", nil), asynq.Queue(queue), asynq.TaskID(ids[i]), asynq.ProcessIn(time.Hour)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			redisNow, err := rdb.Time(context.Background()).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Due within a millisecond, in reverse order of their names'
+			// numbers as noted: one look takes them all.
+			for i := n - 1; i >= 0; i-- {
+				at := redisNow.Add(50*time.Millisecond + time.Duration(i)*time.Microsecond)
+				if err := s.waker.note(context.Background(), queue, ids[i], time.Until(at), at); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go s.waker.run(ctx)
+			testkit.WaitFor(t, 5*time.Second, "every task moved to pending", func() bool {
+				return testutil.ToFloat64(s.metrics.woken) == n
+			})
+			pending, err := rdb.LRange(context.Background(), asynqKeys(queue)+"pending", 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.Reverse(pending) // asynq takes the right end first
+			if !slices.Equal(pending, ids) {
+				t.Errorf("pending, in the order asynq takes it: %v ... %v, want %v ... %v (the earliest due first)", pending[:3], pending[n-3:], ids[:3], ids[n-3:])
+			}
+		})
+	}
+}

@@ -139,9 +139,14 @@ if #KEYS == 5 then
     end
     reply[i + 1] = result
   end
-  -- One RPUSH for them all: the same list as one per task, in order.
-  for i = 1, #moved, 100 do
-    redis.call('RPUSH', KEYS[3], unpack(moved, i, math.min(i + 99, #moved)))
+  -- The earliest due at the right end, which asynq takes first: a worker
+  -- short of free slots takes them in the order they are due. One RPUSH
+  -- per 100 tasks.
+  local n = #moved
+  for i = 1, n, 100 do
+    local chunk = {}
+    for j = i, math.min(i + 99, n) do chunk[#chunk + 1] = moved[n + 1 - j] end
+    redis.call('RPUSH', KEYS[3], unpack(chunk))
   end
 end
 
