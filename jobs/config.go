@@ -361,7 +361,8 @@ func defaultWaiting(c Config) int {
 		perSecond += l.unkeyedRate()
 	}
 	woken := int(math.Ceil(perSecond * alwaysHold.Seconds()))
-	return min(max(c.Worker.Concurrency, woken), 10*c.Worker.Concurrency, maxWaiting)
+	// (At least 1: a concurrency below 1 is reported as such alone.)
+	return max(1, min(max(c.Worker.Concurrency, woken), 10*c.Worker.Concurrency, maxWaiting))
 }
 
 // unkeyedRate is l's rate in events a second, 0 for a keyed limit.
