@@ -347,18 +347,24 @@ func (c Config) Defaults() Config {
 // one of asynq's slots until then: at 300/s, 120 tasks at any moment. With
 // the room of 10 slots of before, a fleet of 3 drained such a queue at 265
 // to 290/s (TestShardedQueue): tasks back for their turns waited in
-// pending for a free slot, and some came after their turns. The limits
-// are taken as the file gives them (a keyed one's total is unknown); a
-// limit raised live keeps the room the worker started with.
+// pending for a free slot, and some came after their turns. The rate is
+// the queues' drains' where every queue has one (a quota only lowers
+// it), else the quotas' too; keyed limits count for nothing (their total
+// is unknown), and a limit raised live keeps the room the worker started
+// with.
 func defaultWaiting(c Config) int {
-	perSecond := 0.0
+	perSecond, undrained := 0.0, false
 	for _, q := range c.Queues {
-		if q.Drain != nil {
-			perSecond += q.Drain.unkeyedRate()
+		if q.Drain == nil {
+			undrained = true
+			continue
 		}
+		perSecond += q.Drain.unkeyedRate()
 	}
-	for _, l := range c.Quotas {
-		perSecond += l.unkeyedRate()
+	if undrained || len(c.Queues) == 0 {
+		for _, l := range c.Quotas {
+			perSecond += l.unkeyedRate()
+		}
 	}
 	woken := int(math.Ceil(perSecond * alwaysHold.Seconds()))
 	// (At least 1: a concurrency below 1 is reported as such alone.)

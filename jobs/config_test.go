@@ -46,8 +46,9 @@ func TestLimitGuard(t *testing.T) {
 }
 
 // TestDefaultWaiting: unset, worker.waiting is room for the tasks back
-// ahead of their turns (alwaysHold) at the unkeyed drains' and quotas'
-// rates, from worker.concurrency to 10 times it; set, it stays.
+// ahead of their turns (alwaysHold) at the unkeyed drains' rates (and the
+// quotas' where a queue has no drain), from worker.concurrency to 10 times
+// it; set, it stays.
 func TestDefaultWaiting(t *testing.T) {
 	drain := func(limit int, period time.Duration, key string) QueueConfig {
 		return QueueConfig{Drain: &LimitConfig{Limit: limit, Period: period, Key: key}}
@@ -60,11 +61,16 @@ func TestDefaultWaiting(t *testing.T) {
 		{"no limit", Config{}, 10},
 		{"a drain of 20/s: 8 places, at least concurrency", Config{Queues: map[string]QueueConfig{"q": drain(20, time.Second, "")}}, 10},
 		{"a drain of 300/s sharded: 120 places, at most 10 times concurrency", Config{Queues: map[string]QueueConfig{"q": {Shards: 3, Drain: &LimitConfig{Limit: 300, Period: time.Second}}}}, 100},
-		{"drains and a quota: 40 + 30 + 6,000/min", Config{
+		{"drains and a quota: the drains' 40 + 30 (the quota only lowers it)", Config{
 			Worker: WorkerConfig{Concurrency: 50},
 			Queues: map[string]QueueConfig{"a": drain(100, time.Second, ""), "b": drain(75, time.Second, "")},
 			Quotas: map[string]LimitConfig{"api": {Limit: 6000, Period: time.Minute}},
-		}, 110},
+		}, 70},
+		{"a queue with no drain: the drain's 40, the quota's 40 too", Config{
+			Worker: WorkerConfig{Concurrency: 50},
+			Queues: map[string]QueueConfig{"a": drain(100, time.Second, ""), "b": {}},
+			Quotas: map[string]LimitConfig{"api": {Limit: 6000, Period: time.Minute}},
+		}, 80},
 		{"a keyed drain counts for nothing", Config{Queues: map[string]QueueConfig{"q": drain(1000, time.Second, "payload.k")}}, 10},
 		{"set, it stays", Config{Worker: WorkerConfig{Waiting: 3}, Queues: map[string]QueueConfig{"q": drain(300, time.Second, "")}}, 3},
 		{"bounded by maxWaiting", Config{Worker: WorkerConfig{Concurrency: 5000}, Queues: map[string]QueueConfig{"q": drain(1_000_000, time.Second, "")}}, maxWaiting},
