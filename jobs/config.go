@@ -447,7 +447,7 @@ func (c Config) Validate() []error {
 		bad("worker.reserve_max", "must be at most %v, got %v", maxReserve, c.Worker.ReserveMax)
 	}
 	if c.Worker.Waiting < 1 || c.Worker.Waiting > maxWaiting {
-		bad("worker.waiting", "must be between 1 and %d (0 means what the config's rates need: see docs/configuration.md), got %d", maxWaiting, c.Worker.Waiting)
+		bad("worker.waiting", "must be between 1 and %d (0 means room for the rates in the file: see docs/worker.md), got %d", maxWaiting, c.Worker.Waiting)
 	}
 	if _, err := ParseAllowList(c.HTTP.Allow); err != nil {
 		errs = append(errs, err)
