@@ -366,7 +366,8 @@ func defaultWaiting(c Config) int {
 			perSecond += l.unkeyedRate()
 		}
 	}
-	woken := int(math.Ceil(perSecond * alwaysHold.Seconds()))
+	// Bounded before the conversion: a rate of 10^9 a nanosecond is valid.
+	woken := int(math.Min(math.Ceil(perSecond*alwaysHold.Seconds()), maxWaiting))
 	// (At least 1: a concurrency below 1 is reported as such alone.)
 	return max(1, min(max(c.Worker.Concurrency, woken), 10*c.Worker.Concurrency, maxWaiting))
 }

@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -73,6 +74,7 @@ func TestDefaultWaiting(t *testing.T) {
 		}, 80},
 		{"a keyed drain counts for nothing", Config{Queues: map[string]QueueConfig{"q": drain(1000, time.Second, "payload.k")}}, 10},
 		{"set, it stays", Config{Worker: WorkerConfig{Waiting: 3}, Queues: map[string]QueueConfig{"q": drain(300, time.Second, "")}}, 3},
+		{"a rate beyond any int: 10 times concurrency", Config{Queues: map[string]QueueConfig{"q": drain(math.MaxInt, time.Nanosecond, "")}}, 100},
 		{"bounded by maxWaiting", Config{Worker: WorkerConfig{Concurrency: 5000}, Queues: map[string]QueueConfig{"q": drain(1_000_000, time.Second, "")}}, maxWaiting},
 	} {
 		if got := c.cfg.Defaults().Worker.Waiting; got != c.want {
