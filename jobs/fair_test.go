@@ -70,7 +70,7 @@ func (f *fairFixture) letOut(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	var ids []string
-	for i := 1; i+1 < len(reply); i += 2 {
+	for i := 2; i+1 < len(reply); i += 2 { // after the lines flag and now
 		ids = append(ids, reply[i].(string))
 	}
 	return ids

@@ -155,6 +155,11 @@ type wakeLook struct {
 	held  bool      // this worker is the waker
 	busy  bool      // while held: the last take moved tasks, or fair lines wait
 	renew time.Time // while held: when to renew the lease (at half its life)
+	// ahead is how far Redis's clock is ahead of ours (µs), from the now
+	// of the last take that read it (TIME): the takes between two
+	// renewals send their now reckoned from it instead. Zero: not read
+	// yet.
+	ahead int64
 }
 
 // look looks at queue's wake set if this worker is its waker (or may
@@ -186,7 +191,7 @@ func (w *waker) look(ctx context.Context, queue string, l *wakeLook) time.Durati
 		}
 	}
 	renew := !l.held || !w.clock.Now().Before(l.renew)
-	d, held, busy := w.take(ctx, queue, renew)
+	d, held, busy := w.take(ctx, queue, renew, l)
 	l.held, l.busy = held, held && busy
 	if held && renew {
 		l.renew = w.clock.Now().Add(wakeLease / 2)
@@ -240,19 +245,25 @@ func (w *waker) renewLease(ctx context.Context, queue string) bool {
 // this worker is its waker, and returns how soon to look again and whether
 // it is the waker.
 func (w *waker) wakeQueue(ctx context.Context, queue string) (time.Duration, bool) {
-	d, held, _ := w.take(ctx, queue, true)
+	d, held, _ := w.take(ctx, queue, true, &wakeLook{})
 	return d, held
 }
 
-// take is wakeQueue's look, renewing the waker's lease only if renew (it
-// is taken if no worker holds it either way), and reports too whether it
-// found work: tasks due, or waiting in fair lines.
-func (w *waker) take(ctx context.Context, queue string, renew bool) (d time.Duration, held, busy bool) {
-	lease := wakeLease.Microseconds()
+// take is wakeQueue's look by this worker, the waker as l says: it takes
+// the lease if no worker holds it, and renews it if renew; without renew,
+// this worker holds the lease, which has life left, and the take reckons
+// Redis's clock from l.ahead. It reports too whether it found work: tasks
+// due, or waiting in fair lines.
+func (w *waker) take(ctx context.Context, queue string, renew bool, l *wakeLook) (d time.Duration, held, busy bool) {
+	lease, now := wakeLease.Microseconds(), w.clock.scriptNow()
 	if !renew {
 		lease = -lease
+		if now == "" && l.ahead != 0 {
+			now = strconv.FormatInt(w.clock.Now().UnixMicro()+l.ahead, 10)
+		}
 	}
-	keys, args := wakeKeys(queue), []any{w.clock.scriptNow(), "take", wakeBatch, wakeEvery.Microseconds(), w.worker, lease}
+	reckoned := now != ""
+	keys, args := wakeKeys(queue), []any{now, "take", wakeBatch, wakeEvery.Microseconds(), w.worker, lease}
 	if f := w.gates().fair[queue]; f != nil {
 		more, extra := f.wakeArgs()
 		keys, args = append(keys, more...), append(args, extra...)
@@ -274,18 +285,24 @@ func (w *waker) take(ctx context.Context, queue string, renew bool) (d time.Dura
 		until, _ := reply[1].(int64)
 		return min(time.Duration(until)*time.Microsecond+time.Millisecond, wakeWatch), false, false
 	}
+	if len(reply) < 2 {
+		return wakeEvery, false, false
+	}
+	if redisNow, _ := reply[1].(int64); !reckoned && !w.clock.injected {
+		l.ahead = redisNow - w.clock.Now().UnixMicro()
+	}
 	if moves {
-		for i := 2; i < len(reply); i += 2 {
+		for i := 3; i < len(reply); i += 2 {
 			if moved, _ := reply[i].(int64); moved == 1 {
 				w.metrics.woken.Inc()
 			}
 		}
-	} else if err := w.ready(ctx, queue, reply[1:]); err != nil {
+	} else if err := w.ready(ctx, queue, reply[2:]); err != nil {
 		w.log.Warn("cannot move tasks due back to their queue; asynq brings them a second late", "queue", queue, "err", err)
 	}
-	busy = len(reply) > 1 || lines == 1
+	busy = len(reply) > 2 || lines == 1
 	switch {
-	case (len(reply)-1)/2 >= wakeBatch:
+	case (len(reply)-2)/2 >= wakeBatch:
 		return 0, true, busy // more may be due
 	case lines == 1:
 		// Tasks wait in fair lines, on shares, not on time: look again

@@ -248,7 +248,11 @@ func TestWakeWhileStillActive(t *testing.T) {
 // TestWakerLooksInBatches (issue 12, Redis cost per waiting task): tasks due
 // back every 10ms (a queue drained at 100/s) are moved to pending by looks
 // at least wakeEvery apart, each taking every task due within wakeEvery,
-// not by one look per task: a look costs a script run and 6 commands.
+// not by one look per task. And (issue 20, commands per task) a look that
+// does not renew the waker's lease reads neither the lease nor Redis's
+// clock (its now is reckoned from the last that did): a look is a script
+// run and 3 commands with a task to move, where it was 5 or 6; only the
+// renewals, every half a lease, read TIME.
 func TestWakerLooksInBatches(t *testing.T) {
 	queue := redistest.Queue(t, "q")
 	rdb := redistest.Client(t)
@@ -296,13 +300,21 @@ func TestWakerLooksInBatches(t *testing.T) {
 	if got := looks.count.Load(); got > most {
 		t.Errorf("%d looks moved %d tasks due over %v, want at most %d (one per %v)", got, n, n*every, most, wakeEvery)
 	}
+	// The first look, and one at each renewal of the lease.
+	renewals := int64(span/(wakeLease/2)) + 2
+	if got := looks.timeReads.Load(); got > renewals {
+		t.Errorf("%d of %d looks in %v read Redis's clock, want at most %d (the first, and one each %v when the lease is renewed)", got, looks.count.Load(), span.Round(time.Millisecond), renewals, wakeLease/2)
+	}
 }
 
 // scriptCalls counts the script runs (EVALSHA or EVAL) whose arguments
 // include op; with command set, the commands of that name instead.
+// timeReads counts the runs counted that read Redis's clock (TIME: their
+// first argument, now, is empty).
 type scriptCalls struct {
 	op, command string
 	count       atomic.Int64
+	timeReads   atomic.Int64
 }
 
 func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -320,6 +332,12 @@ func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if c.command != "" && name == c.command ||
 			c.command == "" && (name == "evalsha" || name == "eval") && slices.Contains(cmd.Args(), any(c.op)) {
 			c.count.Add(1)
+			// EVALSHA sha numkeys keys... now op ...
+			if args := cmd.Args(); c.command == "" && len(args) > 2 {
+				if numKeys, ok := args[2].(int); ok && len(args) > 3+numKeys && args[3+numKeys] == "" {
+					c.timeReads.Add(1)
+				}
+			}
 		}
 		return err
 	}

@@ -21,9 +21,14 @@
 --         no TTL: taken empty, it is gone
 -- take:   ARGV[3] -> the most ids to take, ARGV[4] -> µs ahead: tasks due
 --         that soon are taken too, ARGV[5] -> the worker taking,
---         ARGV[6] -> the waker's lease in µs, renewed by each take;
---         negative: taken if no worker holds it, not renewed (the
---         caller's lease has life left: a SET less per look)
+--         ARGV[6] -> the waker's lease in µs, taken if no worker holds
+--         it, renewed by each take; negative: the caller holds the lease
+--         and it has life left: neither read nor renewed (a GET and a SET
+--         less per look; should it have passed to another worker, both
+--         take for a moment, each task once, until the caller's next
+--         renewal finds it out). ARGV[1] may be the caller's reckoning of
+--         Redis's clock, corrected by the now of an earlier reply (a TIME
+--         less per look)
 -- resign: ARGV[3] -> the worker that no longer takes
 -- rush:   every task is due now (the limits changed: their turns are void)
 -- take, on the queues' server: KEYS[3..5] -> the queue's pending list,
@@ -41,10 +46,10 @@
 --         not put in the line
 -- Output  -> park: about how many µs until its key's share lets it out
 --            (if every active key stays backlogged), -1 if it was let out;
---            note: 1; take: {1 if tasks wait in fair lines, else 0, then
---            per task taken its id and µs since it was due (negative: due
---            yet)}, or {-2, µs until the waker's lease ends} when another
---            worker is the waker; resign: 1 if it was the waker; rush: how
+--            note: 1; take: {1 if tasks wait in fair lines, else 0, now,
+--            then per task taken its id and µs since it was due (negative:
+--            due yet)}, or {-2, µs until the waker's lease ends} when
+--            another worker is the waker; resign: 1 if it was the waker; rush: how
 --            many
 
 local op = ARGV[2]
@@ -102,14 +107,16 @@ if op == 'resign' then
   return 0
 end
 
-local waker = redis.call('GET', KEYS[2])
-if waker and waker ~= ARGV[5] then
-  return {-2, redis.call('PTTL', KEYS[2]) * 1000}
-end
 local lease = tonumber(ARGV[6])
-if lease > 0 or not waker then redis.call('SET', KEYS[2], ARGV[5], 'PX', ceildiv(math.abs(lease), 1000)) end
+if lease > 0 then
+  local waker = redis.call('GET', KEYS[2])
+  if waker and waker ~= ARGV[5] then
+    return {-2, redis.call('PTTL', KEYS[2]) * 1000}
+  end
+  redis.call('SET', KEYS[2], ARGV[5], 'PX', ceildiv(lease, 1000))
+end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now + tonumber(ARGV[4]), 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
-local ids, reply = {}, {0}
+local ids, reply = {}, {0, now}
 for i = 1, #due, 2 do
   ids[#ids + 1] = due[i]
   reply[#reply + 1], reply[#reply + 2] = due[i], now - tonumber(due[i + 1])
@@ -125,7 +132,7 @@ end
 if #KEYS == 5 then
   local prefix, ns, again, still = ARGV[7], ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
   local moved = {}
-  for i = 2, #reply, 2 do
+  for i = 3, #reply, 2 do
     local id, overdue = reply[i], reply[i + 1]
     local key = prefix .. id
     local result = 0
