@@ -45,6 +45,9 @@ type blockBoard struct {
 	// onShares, if not nil, is called when a sharded queue's shares of
 	// its drain changed (sharesNotice, shards.go).
 	onShares func()
+	// onResigned, if not nil, is called when a queue's waker resigned
+	// (resignedNotice, wake.go).
+	onResigned func()
 }
 
 func newBlockBoard(deps fleetDeps) *blockBoard {
@@ -174,6 +177,10 @@ func (b *blockBoard) takeBlocks(ctx context.Context, subscribed func()) error {
 		case m.Payload == sharesNotice:
 			if b.onShares != nil {
 				b.onShares()
+			}
+		case m.Payload == resignedNotice:
+			if b.onResigned != nil {
+				b.onResigned()
 			}
 		default:
 			b.takeBlock(m.Payload)

@@ -17,8 +17,9 @@ import (
 // blockChannel carries "<quota> <µs>" (and keyed blocks) to every worker
 // when an upstream said "not now" (blocks.go), and limitsChangedNotice when an
 // operator changed a limit live (runtimelimits.go), and adaptedNotice when
-// a worker changed an adaptive quota's learned rate (adapt.go): one subscription a
-// worker for both. (Its subscription to two channels at once came back
+// a worker changed an adaptive quota's learned rate (adapt.go), and
+// sharesNotice and resignedNotice (shards.go, wake.go): one subscription a
+// worker for all. (Its subscription to two channels at once came back
 // after a cluster failover without reading back the blocks stored
 // meanwhile in 3 of 8 runs of TestBlocksAfterFailover.)
 const blockChannel = "sluice:blocked"

@@ -136,6 +136,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.board.onAdapted = s.adapt.poke
 	s.shares = newShareKeeper(deps, s.applyShares)
 	s.board.onShares = s.shares.poke
+	s.board.onResigned = s.waker.resigned
 	cfg = cfg.Defaults()
 	if errs := cfg.Validate(); len(errs) > 0 {
 		return nil, fmt.Errorf("jobs: config refused: %w", errors.Join(errs...))

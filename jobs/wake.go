@@ -27,13 +27,16 @@ const (
 	// wakeEvery: the waker looks this often, and each look takes the tasks
 	// due before the next one too: they come back up to wakeEvery early,
 	// and wait the rest in the worker (see hold). A look costs a script run
-	// of 5 or 6 commands however many tasks it takes: looking when each
+	// and 3 commands (5 as it renews the lease) however many tasks it takes: looking when each
 	// task comes would cost that per task.
-	wakeEvery  = 100 * time.Millisecond
-	fairLook   = 20 * time.Millisecond  // how often a waker lets tasks out of fair lines
-	wakeLease  = time.Second            // a waker that dies is replaced this soon
-	wakeWatch  = 250 * time.Millisecond // how often the other workers ask whether the waker resigned
-	wakeLatest = time.Second            // how much later than due asynq brings a task back by itself
+	wakeEvery = 100 * time.Millisecond
+	fairLook  = 20 * time.Millisecond // how often a waker lets tasks out of fair lines
+	wakeLease = time.Second           // a waker that dies is replaced this soon
+	// wakeWatch: how often the other workers ask whether the waker's
+	// lease lapsed (it died). A waker that stops resigns and says so on
+	// blockChannel (resignedNotice): the others look at once.
+	wakeWatch  = time.Second
+	wakeLatest = time.Second // how much later than due asynq brings a task back by itself
 	// A task due that asynq still has as running is looked at again
 	// wakeAgain later, for up to wakeStillActive after it was due: it is
 	// on its way to the retry list.
@@ -56,13 +59,28 @@ type waker struct {
 
 	// moves: the queues are on the limits' server, and a take moves the
 	// tasks it takes to pending in the same script run (else ready does).
-	moves   bool
-	wakerOf sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
-	lookNow chan struct{} // a task was noted due before the next look
+	moves    bool
+	wakerOf  sync.Map      // queue -> time.Time: this worker's next look at the queue's wake set, while it is its waker
+	lookNow  chan struct{} // a task was noted due before the next look
+	watchNow chan struct{} // a waker resigned: the queues this worker watches are looked at now
 }
 
 func newWaker(deps fleetDeps, m *Metrics) *waker {
-	return &waker{fleetDeps: deps, metrics: m, lookNow: make(chan struct{}, 1)}
+	return &waker{fleetDeps: deps, metrics: m, lookNow: make(chan struct{}, 1), watchNow: make(chan struct{}, 1)}
+}
+
+// resignedNotice is published on blockChannel by a worker that stopped
+// being a queue's waker: the others look at once, rather than at their
+// next watch, up to wakeWatch later, when tasks due meanwhile would come
+// back later than their turns' lead.
+const resignedNotice = "resigned"
+
+// resigned tells this worker that a waker resigned (resignedNotice).
+func (w *waker) resigned() {
+	select {
+	case w.watchNow <- struct{}{}:
+	default:
+	}
 }
 
 // note notes that task id of queue is due back in wait (at, on the
@@ -125,11 +143,7 @@ func (w *waker) run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			for queue := range w.gates().cfg.Queues {
-				_ = wakeScript.Run(stop, w.rdb, wakeKeys(queue), w.clock.scriptNow(), "resign", w.worker).Err()
-			}
+			w.resign(ctx)
 			return
 		case <-w.lookNow:
 			for _, l := range looks {
@@ -137,8 +151,29 @@ func (w *waker) run(ctx context.Context) {
 					l.next = time.Time{}
 				}
 			}
+		case <-w.watchNow:
+			for _, l := range looks {
+				if !l.held {
+					l.next = time.Time{}
+				}
+			}
 		case <-w.clock.After(max(soonest.Sub(w.clock.Now()), 0)):
 		}
+	}
+}
+
+// resign gives up this worker's leases as a waker, and tells the others
+// if it held one, as run ends with ctx.
+func (w *waker) resign(ctx context.Context) {
+	stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	held := false
+	for queue := range w.gates().cfg.Queues {
+		n, _ := wakeScript.Run(stop, w.rdb, wakeKeys(queue), w.clock.scriptNow(), "resign", w.worker).Int()
+		held = held || n == 1
+	}
+	if held {
+		_ = w.rdb.Publish(stop, blockChannel, resignedNotice).Err()
 	}
 }
 
