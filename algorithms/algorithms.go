@@ -158,8 +158,10 @@ const maxPasses = 16
 // When every claim has a turn kept under its ID, all at one instant that
 // has not passed by more than late µs (late < 0: however long ago), that
 // turn is the booking and nothing is counted; turns kept otherwise are
-// given back and forgotten, and the claims booked anew.
-func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late int64) Booking {
+// given back and forgotten, and the claims booked anew. A turn booked
+// more than keepAfter µs away (>= 0) is to be kept under the claims' IDs
+// (Counted.Keep).
+func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late, keepAfter int64) Booking {
 	b := Booking{Now: now, Claims: make([]Counted, len(claims))}
 	for i := range claims {
 		c := &claims[i]
@@ -208,7 +210,7 @@ func Book(claims []Claim, now, notBefore, maxWait int64, exact bool, late int64)
 	b.OK = true
 	for i, c := range claims {
 		b.Claims[i] = record(c, now, at)
-		b.Claims[i].Keep = c.ID != "" && at > now
+		b.Claims[i].Keep = c.ID != "" && at-now > keepAfter
 		b.Claims[i].Forget = forgotten[i]
 	}
 	return b

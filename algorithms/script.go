@@ -208,6 +208,7 @@ type Op struct {
 	MaxWait   int64 // book
 	Exact     bool  // book: the turn must be at NotBefore
 	Late      int64 // book: how long after its instant a kept turn is still given (µs; < 0: however long)
+	KeepAfter int64 // book: a turn is kept under the claims' IDs only if more than this many µs away
 	Slack     int64 // µs added to every TTL the script sets
 	Claims    []OpClaim
 	Remind    *Remind // book: where to note the turn, or nil
@@ -253,12 +254,12 @@ func (op *Op) args() []any {
 	if op.Exact {
 		exact = "1"
 	}
-	args := make([]any, 0, 8+14*len(op.Claims)+3)
+	args := make([]any, 0, 9+14*len(op.Claims)+3)
 	var notBefore any = op.NotBefore
 	if op.Ahead > 0 {
 		notBefore = "+" + strconv.FormatInt(op.Ahead, 10)
 	}
-	args = append(args, clock, op.Name, notBefore, op.MaxWait, exact, op.Slack, op.Late, len(op.Claims))
+	args = append(args, clock, op.Name, notBefore, op.MaxWait, exact, op.Slack, op.Late, op.KeepAfter, len(op.Claims))
 	for _, c := range op.Claims {
 		p := c.Params
 		args = append(args, c.Algorithm.Name, p.Limit, p.Period, p.Burst, p.Windows, c.N, c.GiveBack, c.ID, c.Member)

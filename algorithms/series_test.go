@@ -49,7 +49,7 @@ func TestSeriesIsBooksInTurn(t *testing.T) {
 			// recent throttle where it would come later than the start.
 			alone := make([]bool, k)
 			for i, c := range books {
-				solo := algorithms.Book([]algorithms.Claim{{State: c.State, Params: c.Params, N: c.N}}, now, notBefore, maxWait, false, 0)
+				solo := algorithms.Book([]algorithms.Claim{{State: c.State, Params: c.Params, N: c.N}}, now, notBefore, maxWait, false, 0, 0)
 				alone[i] = solo.At > max(now, notBefore)
 				if solo.OK {
 					c.State.GiveBack(c.Params, solo.Claims[0].Pieces, c.N)
@@ -58,7 +58,7 @@ func TestSeriesIsBooksInTurn(t *testing.T) {
 			for i := range books {
 				books[i].ID = "turn"
 			}
-			b := algorithms.Book(books, now, notBefore, maxWait, false, 0)
+			b := algorithms.Book(books, now, notBefore, maxWait, false, 0, 0)
 			if !b.OK {
 				break
 			}

@@ -221,7 +221,13 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 	}
 	b.metrics.bookings.WithLabelValues(queue).Inc()
 	start := time.Now()
+	// A turn within alwaysHold is waited for here, whatever the room: it
+	// is kept under the task's booking ID only if further (a SET less for
+	// most bookings of a busy queue; a reply lost costs a turn).
 	opts := []throttle.BookOption{throttle.MaxLate(lateTolerance)}
+	if !task.parked { // the parker's tasks wait in Redis, whatever their turns
+		opts = append(opts, throttle.KeepAfter(alwaysHold))
+	}
 	if !task.exhausted {
 		// A turn too far to wait for here is noted in the wake set by the
 		// booking itself: the task goes back to Redis for it without

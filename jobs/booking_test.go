@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/testkit"
+	"github.com/sluicehq/sluice/throttle"
 )
 
 // t0 is aligned to every period the tests use.
@@ -211,12 +212,16 @@ func TestTurnGivenBack(t *testing.T) {
 // TestTaskBackForItsTurn: a task back from Redis for its turn gets it
 // (booked under its ID), counting nothing; a copy of it too (its origin
 // names it); back later than lateTolerance, or after a gate changed, it
-// books anew, and what it held goes to the next task.
+// books anew, and what it held goes to the next task. A task goes to Redis
+// only for a turn further than alwaysHold (nearer, the worker waits for it
+// and keeps no turn under its ID: throttle.KeepAfter): the drain's turns
+// are 200ms apart, so that three tasks ahead put its turn past it.
 func TestTaskBackForItsTurn(t *testing.T) {
-	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 25, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
-	f.readyTimes(t, 5) // turns at 0 to 160ms
+	const step = 200 * ms // the drain's turns
+	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 5, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
+	f.readyTimes(t, 3) // turns at 0 to 400ms
 	waiting := f.book(t, "waiting")
-	if want := t0.Add(200 * ms); !waiting.ready.Equal(want) {
+	if want := t0.Add(3 * step); !waiting.ready.Equal(want) || 3*step <= alwaysHold {
 		t.Fatalf("waiting task ready at %v, want %v", waiting.ready.Sub(t0), want.Sub(t0))
 	}
 	back := func(id string, headers map[string]string) bookedView {
@@ -229,41 +234,40 @@ func TestTaskBackForItsTurn(t *testing.T) {
 	}
 	f.clock.Set(t0.Add(150 * ms))
 	if b := back("waiting", nil); !b.ready.Equal(waiting.ready) {
-		t.Fatalf("task back for its turn at +200ms got %v", b.ready.Sub(t0))
+		t.Fatalf("task back for its turn at +%v got %v", 3*step, b.ready.Sub(t0))
 	}
 	if b := back("waiting~1", map[string]string{headerOrigin: "waiting", headerHop: "1"}); !b.ready.Equal(waiting.ready) {
-		t.Fatalf("its copy back for the turn at +200ms got %v", b.ready.Sub(t0))
+		t.Fatalf("its copy back for the turn at +%v got %v", 3*step, b.ready.Sub(t0))
 	}
 	if got := testutil.ToFloat64(f.s.metrics.decisions.WithLabelValues(f.s.gates.Load().drains[f.queue].name, "held")); got != 2 {
 		t.Fatalf("%v decisions held, want the 2 returns", got)
 	}
 
-	f.clock.Set(t0.Add(200*ms + lateTolerance + ms))
+	f.clock.Set(t0.Add(3*step + lateTolerance + ms))
 	if late := back("waiting", nil); !late.ready.Equal(f.clock.Now()) {
 		t.Fatalf("a task back %v after its turn got %v; want a new turn, now", lateTolerance+ms, late.ready.Sub(t0))
 	}
 
 	// The quota changes while a task waits for its turn: back, it gives back
-	// the drain turn it held and books anew on both gates in one step. The
-	// new quota took over the old one's server time within its window, the
-	// held task's own turn included (a bucket's turns booked ahead cannot be
-	// told from what was used: throttle.Replacing), so its new quota turn
-	// comes after that time: its drain turn comes after the next task's.
-	f.clock.Set(t0.Add(time.Second))
-	f.book(t, "now")
-	held := f.book(t, "held") // 40ms ahead: kept under its ID
+	// the drain turn it held and books anew on both gates in one step: the
+	// drain's turn it gave back is free for it again (the next task's is a
+	// step later), where it would come after the next task's had its turn
+	// stayed counted.
+	f.clock.Set(t0.Add(2 * time.Second))
+	f.readyTimes(t, 3)
+	held := f.book(t, "held") // 3 steps ahead: kept under its ID
 	cfg := f.s.Config()
 	cfg.Quotas[f.quotas[0]] = limit("token_bucket", 20, 5, "deny")
 	if err := f.s.Apply(cfg); err != nil {
 		t.Fatal(err)
 	}
 	next := f.book(t, "next")
-	if !next.ready.Equal(held.ready.Add(40 * ms)) {
-		t.Fatalf("next task at %v; want 40ms after the held one's drain turn %v", next.ready.Sub(t0), held.ready.Sub(t0))
+	if !next.ready.Equal(held.ready.Add(step)) {
+		t.Fatalf("next task at %v; want %v after the held one's drain turn %v", next.ready.Sub(t0), step, held.ready.Sub(t0))
 	}
 	rebooked := back("held", nil)
-	if !rebooked.ready.Equal(next.ready.Add(40 * ms)) {
-		t.Fatalf("the held task rebooked under the new quota at %v; want 40ms after the next task's drain turn %v", rebooked.ready.Sub(t0), next.ready.Sub(t0))
+	if !rebooked.ready.Equal(held.ready) {
+		t.Fatalf("the held task rebooked under the new quota at %v; want its drain turn %v again, given back and booked in one step (the next task's is %v)", rebooked.ready.Sub(t0), held.ready.Sub(t0), next.ready.Sub(t0))
 	}
 	gs := f.s.gates.Load()
 	for i, g := range gs.routeOf(f.queue, "test:call").gates {
@@ -271,8 +275,38 @@ func TestTaskBackForItsTurn(t *testing.T) {
 			t.Fatalf("rebooked on gate %q, want the gate in force %q", rebooked.claims[i].g.tag, g.tag)
 		}
 	}
-	if again := f.book(t, "again"); !again.ready.Equal(rebooked.ready.Add(40 * ms)) {
-		t.Fatalf("a new task at %v; want after the others, %v", again.ready.Sub(t0), rebooked.ready.Add(40*ms).Sub(t0))
+	if again := f.book(t, "again"); !again.ready.Equal(next.ready.Add(step)) {
+		t.Fatalf("a new task at %v; want after the others, %v", again.ready.Sub(t0), next.ready.Add(step).Sub(t0))
+	}
+}
+
+// TestNearTurnNotKept (issue 20, commands per task): a turn the worker
+// waits for whatever the room (within alwaysHold) is not kept under the
+// task's booking ID, a SET less per booking; one further, for which the
+// task may go back to Redis, is. (Before, every turn after now was kept.)
+func TestNearTurnNotKept(t *testing.T) {
+	const step = 200 * ms
+	f := newBookingFixture(t, redistest.Client(t), limit("leaky_bucket", 5, 1, "deny"), limit("token_bucket", 10, 5, "deny"))
+	kept := func(id string, b bookedView) bool {
+		t.Helper()
+		c := b.claims[0]
+		_, ok, err := throttle.KeptTurn(context.Background(), c.lim, c.key, bookingID(f.queue, id, asynq.NewTask("test:call", nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	f.book(t, "now")
+	for i, wantKept := range []bool{false, false, true} { // +200ms, +400ms, +600ms
+		id := fmt.Sprint("task-", i)
+		b := f.book(t, id)
+		ahead := b.ready.Sub(t0)
+		if ahead != time.Duration(i+1)*step {
+			t.Fatalf("%s at +%v, want +%v", id, ahead, time.Duration(i+1)*step)
+		}
+		if got := kept(id, b); got != wantKept {
+			t.Errorf("%s, its turn %v ahead (alwaysHold %v): kept under its ID %v, want %v", id, ahead, alwaysHold, got, wantKept)
+		}
 	}
 }
 

@@ -19,14 +19,16 @@
 -- ARGV[6] -> TTL slack (µs), added to every TTL
 -- ARGV[7] -> book: how long after its instant a kept turn is still given
 --            (µs; -1: however long)
--- ARGV[8] -> how many claims
--- ARGV[9 + 14(i-1) ...] -> claim i: algorithm, limit, period, burst,
+-- ARGV[8] -> book: a turn is kept under the claims' IDs only if it is
+--            more than this many µs away (0: any turn after now)
+-- ARGV[9] -> how many claims
+-- ARGV[10 + 14(i-1) ...] -> claim i: algorithm, limit, period, burst,
 --            windows, n, pieces to give back first ('' for none), ID ('' for
 --            none), member (fair_share: the key value; '' otherwise); then
 --            the replaced limit's algorithm ('' for none), limit, period,
 --            burst and windows: a claim whose state counts nothing takes
 --            over what that limit counted up to now (and its block)
--- KEYS[6n+1], ARGV[9 + 14n ...] -> book, optional (a remind): a sorted set
+-- KEYS[6n+1], ARGV[10 + 14n ...] -> book, optional (a remind): a sorted set
 --            in the same slot, a member, a lead and a wait (µs): a turn
 --            booked more than the wait away is noted there, the member
 --            scored the lead before the turn
@@ -48,10 +50,10 @@ local constructors = {
 
 local now = clock()
 local op = ARGV[2]
-local slack, late = tonumber(ARGV[6]), tonumber(ARGV[7])
+local slack, late, keep_after = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local claims = {}
-for i = 1, tonumber(ARGV[8]) do
-  local a = 9 + 14 * (i - 1)
+for i = 1, tonumber(ARGV[9]) do
+  local a = 10 + 14 * (i - 1)
   local p = {limit = tonumber(ARGV[a + 1]), period = tonumber(ARGV[a + 2]), burst = tonumber(ARGV[a + 3]),
     windows = tonumber(ARGV[a + 4]), n = tonumber(ARGV[a + 5]), member = ARGV[a + 8]}
   local g = constructors[ARGV[a]](KEYS[6 * i - 5], KEYS[6 * i - 4], p)
@@ -224,7 +226,7 @@ if not settled or at - now > max_wait or (exact and at ~= start) then
 end
 
 reply[1] = 1
-local remind = 9 + 14 * #claims
+local remind = 10 + 14 * #claims
 if ARGV[remind] and at - now > tonumber(ARGV[remind + 2]) then
   redis.call('ZADD', KEYS[6 * #claims + 1], at - tonumber(ARGV[remind + 1]), ARGV[remind])
   reply[1] = 3
@@ -233,7 +235,7 @@ for _, c in ipairs(claims) do
   local pieces = c.g.record(at)
   append(reply, c.g.room(at), 0, at - now + c.g.reset_after(at), pieces)
   save(c)
-  if c.id ~= '' and at > now then
+  if c.id ~= '' and at - now > keep_after then
     -- Kept until the turn is too late to be given (see late).
     local life = at - now + math.max(late, 0) + slack
     redis.call('SET', c.id_key, string.format('%d;', at) .. pieces, 'PX', ceildiv(life, 1000))

@@ -3,7 +3,7 @@
 -- KEYS and ARGV: for states the quick steps do not read. Outside
 -- book_buckets, so that its quick path does not build this closure.
 local function book_buckets_slow(now, start, max_wait, slack, ...)
-  local keys, args = {}, {string.format('%d', now), 'book', string.format('%d', start), max_wait, '0', slack, '-1', 2}
+  local keys, args = {}, {string.format('%d', now), 'book', string.format('%d', start), max_wait, '0', slack, '-1', 0, 2}
   for i, c in ipairs({...}) do
     local aux = KEYS[i] .. ':b'
     for _, k in ipairs({KEYS[i], aux, aux, aux, aux, aux}) do keys[#keys + 1] = k end

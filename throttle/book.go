@@ -43,6 +43,17 @@ func MaxLate(d time.Duration) BookOption {
 	return func(b *booker) { b.late = max(0, d.Microseconds()) }
 }
 
+// KeepAfter has a Book keep its turn under the claims' IDs (see Claim.ID)
+// only if the turn is more than d away (default 0: any turn after now).
+// For callers that wait for a turn that near themselves, however they
+// fare, and go away to come back for it only when it is further: a turn
+// not kept costs no write of it, but a call again after a lost reply books
+// another (the first is counted and not used), and Cancel gives it back by
+// what it counted, as a turn without an ID.
+func KeepAfter(d time.Duration) BookOption {
+	return func(b *booker) { b.keepAfter = max(0, d.Microseconds()) }
+}
+
 // Remind has an OK Book whose turn is more than after away note it in the
 // sorted set key, in the same script run as the booking: member, scored
 // lead before the turn (µs on the limiters' clock). For callers that keep
@@ -174,6 +185,7 @@ type step struct {
 	maxWait   int64              // book
 	exact     bool               // book
 	late      int64              // book: see MaxLate
+	keepAfter int64              // book: see KeepAfter
 	giveBack  []string           // per part, or nil
 	remind    *algorithms.Remind // book: see Remind
 	out       algorithms.Booking
@@ -305,6 +317,7 @@ type booker struct {
 	ahead     int64 // > 0: not before the limiters' now + ahead µs, instead of notBefore
 	maxWait   int64
 	late      int64
+	keepAfter int64              // see KeepAfter
 	remind    *algorithms.Remind // see Remind
 	reminds   *remindEach        // see RemindEach: BookSeries only
 	moving    time.Time          // when the latest round that moved turns began
@@ -317,7 +330,7 @@ const maxRounds = 8
 func (b *booker) book(ctx context.Context) (Booking, error) {
 	groups := groupsOf(b.parts)
 	first := func(g *group) *step {
-		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, ahead: b.ahead, maxWait: b.maxWait, late: b.late}
+		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, ahead: b.ahead, maxWait: b.maxWait, late: b.late, keepAfter: b.keepAfter}
 		for _, p := range g.parts {
 			if p.replaces != "" {
 				s.giveBack = make([]string, len(g.parts))
@@ -363,7 +376,7 @@ func (b *booker) book(ctx context.Context) (Booking, error) {
 			if g.held && b.together(g.at, at) {
 				return nil
 			}
-			s := &step{op: algorithms.OpBook, notBefore: at, maxWait: b.maxWait, exact: true, late: b.late}
+			s := &step{op: algorithms.OpBook, notBefore: at, maxWait: b.maxWait, exact: true, late: b.late, keepAfter: b.keepAfter}
 			if g.held {
 				s.giveBack = g.pieces
 			}
@@ -536,7 +549,7 @@ func (b *booker) success(groups []*group, at int64) Booking {
 			bk.Turns[p.claim] = Reservation{
 				OK: true, Delay: bk.Delay, At: bk.At, N: int(p.n),
 				Remaining: int(c.Remaining), ResetAfter: micros(c.ResetAfter),
-				Fallback: p.fallback, ID: p.id, kept: p.id != "" && (at > g.out.Now || g.out.Kept), pieces: c.Pieces,
+				Fallback: p.fallback, ID: p.id, kept: p.id != "" && (at-g.out.Now > b.keepAfter || g.out.Kept), pieces: c.Pieces,
 			}
 		}
 		for _, p := range g.allowed {

@@ -240,7 +240,7 @@ func (localSite) run(_ context.Context, st *step) error {
 		if st.ahead > 0 {
 			notBefore = now + st.ahead
 		}
-		st.out = algorithms.Book(claims, now, notBefore, st.maxWait, st.exact, st.late)
+		st.out = algorithms.Book(claims, now, notBefore, st.maxWait, st.exact, st.late, st.keepAfter)
 	}
 	for i, p := range st.parts {
 		l := p.lim.(*localLimiter)
