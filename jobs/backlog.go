@@ -131,12 +131,6 @@ func (v *lineViews) note(key string, tail int64, now time.Time) {
 // line's tasks are due to take. ok is false when no line does,
 // or Redis failed (the task books as usual).
 func (b *booker) activeLine(ctx context.Context, queue string, claims []claim, cost int) (backlogLine, bool) {
-	var lines []backlogLine
-	for _, c := range claims {
-		if l, ok := lineOf(queue, c, cost); ok {
-			lines = append(lines, l)
-		}
-	}
 	now := b.clock.Now()
 	// Most queues have no line: one look (a second old at most) at the
 	// furthest tail of the queue's lines says so.
@@ -144,6 +138,12 @@ func (b *booker) activeLine(ctx context.Context, queue string, claims []claim, c
 	limitersNow := b.lines.limitersNow(now)
 	if err != nil || furthest[0] <= limitersNow+alwaysHold.Microseconds() {
 		return backlogLine{}, false
+	}
+	var lines []backlogLine
+	for _, c := range claims {
+		if l, ok := lineOf(queue, c, cost); ok {
+			lines = append(lines, l)
+		}
 	}
 	keys := make([]string, len(lines))
 	for i, l := range lines {

@@ -175,30 +175,38 @@ func (b *booker) book(ctx context.Context, gs *gateSet, task taskRef, letOut boo
 			return askAgainIn{keyErrorWait}, nil // on_key_error: wait
 		}
 	}
-	if b.lent(ctx, gs, task, r, claims) {
+	backlogs := gs.fair[task.queue] == nil // fair queues have lines of their own
+	var line backlogLine
+	var lineAhead bool
+	if backlogs && task.fresh {
+		line, lineAhead = b.activeLine(ctx, task.queue, claims, r.cost)
+	}
+	// A gate with a backlog line ahead binds: it lends nothing, which
+	// would be a turn the line's tasks are due to take (and a lease tried
+	// once a second, its turn given back unused: a gap in the gate's
+	// future that every booking then reads round).
+	if !lineAhead && b.lent(ctx, gs, task, r, claims) {
 		return runNow{}, nil
 	}
-	return b.bookTurn(ctx, gs, task, letOut, r, claims, vars)
+	return b.bookTurn(ctx, gs, task, letOut, r, claims, vars, line, lineAhead)
 }
 
 // bookTurn books the task's turn on claims (and its queue's fair share):
-// book, for a task that was not lent one.
-func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut bool, r *route, claims []claim, vars *taskVars) (outcome, error) {
+// book, for a task that was not lent one. lineAhead: line, the longest of
+// the task's gates' backlog lines, reaches further than a worker holds a
+// task for (activeLine; a fair queue has none).
+func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut bool, r *route, claims []claim, vars *taskVars, line backlogLine, lineAhead bool) (outcome, error) {
 	queue, cost := task.queue, r.cost
-	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
+	backlogs := gs.fair[queue] == nil
 	reserveMax := gs.cfg.Worker.ReserveMax
 	if r.adaptive {
 		reserveMax = min(reserveMax, adaptiveReserve)
 	}
-	var line backlogLine
-	var lineAhead bool
-	if backlogs && task.fresh {
-		if line, lineAhead = b.activeLine(ctx, queue, claims, cost); lineAhead {
-			// A task back for its ticket (it looks fresh: waiting is no
-			// failure) books its turn, which the waker brought it back for
-			// in time to wait for here.
-			reserveMax = b.holdsUpTo(ctx, gs, task)
-		}
+	if lineAhead {
+		// A task back for its ticket (it looks fresh: waiting is no
+		// failure) books its turn, which the waker brought it back for
+		// in time to wait for here.
+		reserveMax = b.holdsUpTo(ctx, gs, task)
 	}
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {

@@ -360,6 +360,40 @@ func TestBookLentOnManualClock(t *testing.T) {
 	}
 }
 
+// TestNotLentBehindALine (issue 20, commands per task): a gate with a
+// backlog line ahead (further than a worker holds a task for) lends no
+// turn: a fresh task then books a turn it waits for here, or takes a
+// ticket behind the line. Before, it was lent a turn from the pool's
+// lease, which jumped the line's tasks; and while the gate bound, each
+// worker's pool tried a lease once a second, its turn given back unused:
+// a gap in the gate's future that every booking then read round (a third
+// more Redis commands for the bucket's spans in a deep backlog).
+func TestNotLentBehindALine(t *testing.T) {
+	f := newBookingFixture(t, redistest.Client(t), limit("token_bucket", 100, 100, "deny"), limit("token_bucket", 200, 200, "deny"))
+	ctx := context.Background()
+	gs := f.s.gates.Load()
+	drain := gs.drains[f.queue]
+	lent := func() float64 { return testutil.ToFloat64(f.s.metrics.decisions.WithLabelValues(drain.name, "lent")) }
+	// A line on the drain whose tail is 10 s ahead, as a refused backlog
+	// leaves it.
+	r := gs.routeOf(f.queue, "test:call")
+	l, ok := lineOf(f.queue, r.claims[0], r.cost)
+	if !ok {
+		t.Fatal("the drain has no backlog line")
+	}
+	now := f.clock.Now().UnixMicro()
+	if _, err := f.s.booker.takeTickets(ctx, f.queue, l, now+(10*time.Second).Microseconds(), now, nil, 1); err != nil {
+		t.Fatal(err)
+	}
+	b := f.book(t, "fresh")
+	if n := lent(); n != 0 {
+		t.Fatalf("a fresh task behind a line 10s long was lent a turn (%v lent; booking %+v); want none lent", n, b)
+	}
+	if b.askIn == 0 && len(b.claims) == 0 {
+		t.Fatalf("a fresh task behind a line: %+v; want a turn booked on its gates or a ticket", b)
+	}
+}
+
 // TestBookedTurnOnTwoGates: a task's gates decide one outcome. On a drain
 // of 25/s and a quota of 10/s burst 5, the first task runs now and the
 // second's turn is 40ms ahead (turnAhead), each with one turn per gate at
