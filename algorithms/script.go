@@ -207,11 +207,14 @@ type Op struct {
 	Ahead     int64 // book: > 0: the earliest instant is the script's now + Ahead µs instead
 	MaxWait   int64 // book
 	Exact     bool  // book: the turn must be at NotBefore
-	Late      int64 // book: how long after its instant a kept turn is still given (µs; < 0: however long)
-	KeepAfter int64 // book: a turn is kept under the claims' IDs only if more than this many µs away
-	Slack     int64 // µs added to every TTL the script sets
-	Claims    []OpClaim
-	Remind    *Remind // book: where to note the turn, or nil
+	// RefusalsOnly: book: recent throttles are counted only where the
+	// booking is refused (see throttle.RecentRefusalsOnly).
+	RefusalsOnly bool
+	Late         int64 // book: how long after its instant a kept turn is still given (µs; < 0: however long)
+	KeepAfter    int64 // book: a turn is kept under the claims' IDs only if more than this many µs away
+	Slack        int64 // µs added to every TTL the script sets
+	Claims       []OpClaim
+	Remind       *Remind // book: where to note the turn, or nil
 	// NoPieces: the caller gives nothing back (AllowN), so Result's claims
 	// are left without Pieces, which would be formatted for nothing.
 	NoPieces bool
@@ -251,8 +254,11 @@ func (op *Op) args() []any {
 		clock = strconv.FormatInt(op.Now, 10)
 	}
 	exact := "0"
-	if op.Exact {
+	switch {
+	case op.Exact:
 		exact = "1"
+	case op.RefusalsOnly:
+		exact = "2"
 	}
 	args := make([]any, 0, 9+14*len(op.Claims)+3)
 	var notBefore any = op.NotBefore

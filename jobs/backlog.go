@@ -52,6 +52,8 @@ type backlogLine struct {
 	gate     string // metric label
 	key      string
 	interval int64 // µs between two turns of this cost at the gate's rate
+	claim    claim // the gate's claim whose line it is
+	cost     int
 }
 
 // lineOf is the backlog line of claim c for tasks of cost: in the queue's
@@ -85,6 +87,8 @@ func lineOf(queue string, c claim, cost int) (backlogLine, bool) {
 		gate:     c.g.name,
 		key:      backlogLineKey(queue, hex.EncodeToString(sum[:12])),
 		interval: max(1, int64(float64(cost)*float64(limit.Period.Microseconds())/rate)),
+		claim:    c,
+		cost:     cost,
 	}, true
 }
 

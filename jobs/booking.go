@@ -202,11 +202,17 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 	if r.adaptive {
 		reserveMax = min(reserveMax, adaptiveReserve)
 	}
+	var opts []throttle.BookOption
 	if lineAhead {
 		// A task back for its ticket (it looks fresh: waiting is no
 		// failure) books its turn, which the waker brought it back for
-		// in time to wait for here.
+		// in time to wait for here. It was counted throttled as it took
+		// its ticket (a refused booking, or the parker's run of tickets:
+		// ticketRun), and its turn is a little later than it asks for
+		// (it comes back requeueLead early): counted again only if
+		// refused.
 		reserveMax = b.holdsUpTo(ctx, gs, task)
+		opts = append(opts, throttle.RecentRefusalsOnly())
 	}
 	var spot *lineSpot
 	if f := gs.fair[queue]; f != nil {
@@ -232,7 +238,7 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 	// A turn within alwaysHold is waited for here, whatever the room: it
 	// is kept under the task's booking ID only if further (a SET less for
 	// most bookings of a busy queue; a reply lost costs a turn).
-	opts := []throttle.BookOption{throttle.MaxLate(lateTolerance)}
+	opts = append(opts, throttle.MaxLate(lateTolerance))
 	if !task.parked { // the parker's tasks wait in Redis, whatever their turns
 		opts = append(opts, throttle.KeepAfter(alwaysHold))
 	}

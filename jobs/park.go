@@ -364,6 +364,14 @@ func (p *parker) ticketRun(ctx context.Context, gs *gateSet, b *backlog, notes *
 		b.line = nil // they book one by one
 		return 0
 	}
+	// Throttled by the line's gate, which did not count them (no booking
+	// did): counted once, here; their bookings at their tickets count only
+	// refusals (bookTurn).
+	if c := b.line.claim; c.lim != nil {
+		if err := throttle.NoteThrottled(ctx, c.lim, c.key, n*b.line.cost); err != nil {
+			p.log.Warn("cannot count tasks given tickets in the key's recent throttles; enqueue status --keys shows fewer", "queue", b.queue, "gate", b.line.gate, "err", err)
+		}
+	}
 	for i, ticket := range tickets {
 		p.note(ctx, notes, b.queue, ids[i], parkSpot{due: ticket - requeueLead.Microseconds(), noted: true, ahead: true, now: now}, now)
 	}

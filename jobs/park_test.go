@@ -612,6 +612,45 @@ func TestParkTicketsInOneStep(t *testing.T) {
 	}
 }
 
+// TestParkTicketsCountedThrottled (issue 20, commands per task): the
+// tasks the parker gives tickets in a keyed quota's backlog line, in one
+// step and with no booking, count in the key's recent throttles there (for
+// enqueue status --keys), once for the run; their bookings at their
+// tickets then count only a refusal. Before, the run counted nothing and
+// each booking at its ticket counted its task: a GET and a SET of the
+// key's ring per task of a deep keyed backlog.
+func TestParkTicketsCountedThrottled(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	queue := redistest.Queue(t, "q")
+	api := redistest.Queue(t, "api")
+	cfg := Config{
+		Worker: WorkerConfig{ReserveMax: 2 * time.Second},
+		Queues: map[string]QueueConfig{queue: {}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1, Key: "type"}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
+	}
+	s := newTestScheduler(t, cfg)
+	enqueueNumbered(t, "test:api", queue, n)
+	bookWarm(t, s, "test:api", queue)
+	parkDueInOrder(t, s, queue, n)
+	deferred := testutil.ToFloat64(s.booker.metrics.decisions.WithLabelValues(GateName{QuotaGate, api}.String(), "deferred"))
+	loads, err := KeyLoads(context.Background(), s.rdb, cfg, GateName{QuotaGate, api}.String(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(loads) != 1 || loads[0].Key != "test:api" {
+		t.Fatalf("key loads %+v, want the one key test:api", loads)
+	}
+	t.Logf("%v tasks given tickets, %d counted throttled", deferred, loads[0].Throttled)
+	// Every task that did not have its turn at once, once: the warm
+	// tasks booked ahead, the parked ones booked ahead, the one whose
+	// refused booking began the line, and the tickets.
+	if got := loads[0].Throttled; deferred < n-30 || got != warmAhead+n {
+		t.Errorf("%d throttled counted for %d tasks booked or given tickets behind the first: want each once", got, warmAhead+n)
+	}
+}
+
 // TestParkGapIsNotRoom: a queue of tasks on a quota booked ahead, with one
 // task of another type, on a quota with room, second in line. That one's
 // turn has come: it alone is due back at once, its turn given back (a

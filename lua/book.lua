@@ -15,7 +15,9 @@
 -- ARGV[3] -> book: not before (µs; "+d": d µs after now); block: for how
 --            long (µs)
 -- ARGV[4] -> book: the longest wait (µs); 0 counts now or never
--- ARGV[5] -> book: '1' if the turn must be at not before exactly
+-- ARGV[5] -> book: '1' if the turn must be at not before exactly (no
+--            recent throttle counted), '2' if recent throttles are counted
+--            only where the booking is refused, '0' otherwise
 -- ARGV[6] -> TTL slack (µs), added to every TTL
 -- ARGV[7] -> book: how long after its instant a kept turn is still given
 --            (µs; -1: however long)
@@ -208,13 +210,15 @@ reply[3] = at
 -- for throttled them: counted (not a claim whose turn another claim moved,
 -- nor one asked to book exactly at an instant that other slots chose: they
 -- counted on their first ask).
-if not exact then
+local function note_throttled()
   for _, c in ipairs(claims) do
     if c.recent_key and c.own > start then recent_note(c.recent_key, now, c.n) end
   end
 end
+if ARGV[5] == '0' then note_throttled() end
 
 if not settled or at - now > max_wait or (exact and at ~= start) then
+  if ARGV[5] == '2' then note_throttled() end
   for _, c in ipairs(claims) do
     local room = 0
     if c.from == now then room = c.g.room(now) end

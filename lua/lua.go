@@ -90,6 +90,10 @@ var Park = join("park.lua")
 // adapt.lua).
 var Adapt = join("common.lua", "adapt.lua")
 
+// Recent counts events as throttled in a key's recent throttles
+// (recent.lua).
+var Recent = join("common.lua", "recent.lua")
+
 // Allow is the script of one limit's AllowN or ReserveN for each
 // algorithm (see allow_window.lua, allow_counter.lua, allow_log.lua and
 // allow_bucket.lua), holding only that algorithm's code, with the fewest

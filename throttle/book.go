@@ -43,6 +43,15 @@ func MaxLate(d time.Duration) BookOption {
 	return func(b *booker) { b.late = max(0, d.Microseconds()) }
 }
 
+// RecentRefusalsOnly has a Book count its claims' events in their
+// limiters' recent throttles (WithRecentThrottles) only if it is refused,
+// not when it books a later turn than it asked for: for callers whose
+// events were counted as throttled when they were given that later time
+// to ask at (see NoteThrottled).
+func RecentRefusalsOnly() BookOption {
+	return func(b *booker) { b.refusalsOnly = true }
+}
+
 // KeepAfter has a Book keep its turn under the claims' IDs (see Claim.ID)
 // only if the turn is more than d away (default 0: any turn after now).
 // For callers that wait for a turn that near themselves, however they
@@ -186,6 +195,7 @@ type step struct {
 	exact     bool               // book
 	late      int64              // book: see MaxLate
 	keepAfter int64              // book: see KeepAfter
+	refusals  bool               // book: see RecentRefusalsOnly
 	giveBack  []string           // per part, or nil
 	remind    *algorithms.Remind // book: see Remind
 	out       algorithms.Booking
@@ -317,10 +327,12 @@ type booker struct {
 	ahead     int64 // > 0: not before the limiters' now + ahead µs, instead of notBefore
 	maxWait   int64
 	late      int64
-	keepAfter int64              // see KeepAfter
-	remind    *algorithms.Remind // see Remind
-	reminds   *remindEach        // see RemindEach: BookSeries only
-	moving    time.Time          // when the latest round that moved turns began
+	keepAfter int64 // see KeepAfter
+	// refusalsOnly: see RecentRefusalsOnly.
+	refusalsOnly bool
+	remind       *algorithms.Remind // see Remind
+	reminds      *remindEach        // see RemindEach: BookSeries only
+	moving       time.Time          // when the latest round that moved turns began
 }
 
 // maxRounds bounds the rounds in which slots that disagree move their
@@ -330,7 +342,7 @@ const maxRounds = 8
 func (b *booker) book(ctx context.Context) (Booking, error) {
 	groups := groupsOf(b.parts)
 	first := func(g *group) *step {
-		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, ahead: b.ahead, maxWait: b.maxWait, late: b.late, keepAfter: b.keepAfter}
+		s := &step{op: algorithms.OpBook, notBefore: b.notBefore, ahead: b.ahead, maxWait: b.maxWait, late: b.late, keepAfter: b.keepAfter, refusals: b.refusalsOnly}
 		for _, p := range g.parts {
 			if p.replaces != "" {
 				s.giveBack = make([]string, len(g.parts))

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/algorithms"
+	"github.com/sluicehq/sluice/lua"
 )
 
 // KeyLoad is one key of a limiter, fair share or semaphore as Redis holds
@@ -411,4 +412,34 @@ func ScanKeys(ctx context.Context, rdb redis.UniversalClient, prefix string, fn 
 			done = !fn(unTag(tag))
 		}
 	})
+}
+
+var recentScript = redis.NewScript(lua.Recent)
+
+// NoteThrottled counts n events of key as throttled now in lim's recent
+// throttles (WithRecentThrottles, which Loads reads), as a Book that key's
+// limit refused would: for callers that throttle events without a Book of
+// their own (sluice gives a run of tasks tickets in a backlog line in one
+// step, and their Books at their tickets count only refusals: see
+// RecentRefusalsOnly). One script run on a limiter of New with
+// WithRecentThrottles; nothing on one without, or of NewLocal, which
+// count none.
+func NoteThrottled(ctx context.Context, lim Limiter, key string, n int) error {
+	switch l := lim.(type) {
+	case *redisLimiter:
+		if !l.recent || n <= 0 {
+			return nil
+		}
+		if l.fair != nil {
+			return fmt.Errorf("%w: NoteThrottled counts a limit's key; a fair share counts its members as it parks them", ErrMisuse)
+		}
+		now := ""
+		if l.clock != nil {
+			now = strconv.FormatInt(l.clock.Now().UnixMicro(), 10)
+		}
+		return recentScript.Run(ctx, l.calls.rdb, []string{recentKey(redisKey(l.prefix, key))}, now, n).Err()
+	case *localLimiter:
+		return nil
+	}
+	return fmt.Errorf("%w: NoteThrottled counts on a limiter of New or NewLocal, got %T", ErrMisuse, lim)
 }

@@ -232,3 +232,65 @@ func TestLoadsAfterStateExpired(t *testing.T) {
 		t.Fatalf("keys after Loads %v, want only the count of recent throttles", after)
 	}
 }
+
+// TestNoteThrottledAndRefusalsOnly (issue 20, commands per task): events
+// throttled without a Book (NoteThrottled) count in a key's recent
+// throttles as a refused Book's do; a Book with RecentRefusalsOnly counts
+// a later turn than it asked for as nothing and a refusal as usual, where
+// a Book without it counts both. On a standalone server and the cluster.
+func TestNoteThrottledAndRefusalsOnly(t *testing.T) {
+	ctx := context.Background()
+	for name, rdb := range map[string]redis.UniversalClient{"redis": redistest.Client(t), "cluster": redistest.Cluster(t)} {
+		t.Run(name, func(t *testing.T) {
+			clock := testkit.NewClock(t0)
+			lim, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 10, Period: time.Second, Burst: 1},
+				throttle.WithPrefix(redistest.Prefix(t)), throttle.WithClock(clock), throttle.WithRecentThrottles())
+			if err != nil {
+				t.Fatal(err)
+			}
+			throttled := func() int {
+				t.Helper()
+				return loadsByKey(t)(throttle.Loads(ctx, lim))["k"].Throttled
+			}
+			if err := throttle.NoteThrottled(ctx, lim, "k", 7); err != nil {
+				t.Fatal(err)
+			}
+			if got := throttled(); got != 7 {
+				t.Fatalf("after NoteThrottled of 7: %d throttled, want 7", got)
+			}
+			claim := []throttle.Claim{{Limiter: lim, Key: "k", N: 1}}
+			book := func(maxWait time.Duration, opts ...throttle.BookOption) throttle.Booking {
+				t.Helper()
+				b, err := throttle.Book(ctx, claim, time.Time{}, maxWait, opts...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b
+			}
+			book(time.Second)                                                                      // now: nothing throttled
+			if b := book(time.Second, throttle.RecentRefusalsOnly()); !b.OK || b.Delay != 100*ms { // a later turn
+				t.Fatalf("second booking %+v, want +100ms", b)
+			}
+			if got := throttled(); got != 7 {
+				t.Fatalf("after a later turn booked with RecentRefusalsOnly: %d throttled, want still 7", got)
+			}
+			if b := book(0, throttle.RecentRefusalsOnly()); b.OK { // refused: counted
+				t.Fatalf("a booking of now on a full bucket: %+v, want refused", b)
+			}
+			if got := throttled(); got != 8 {
+				t.Fatalf("after a refusal with RecentRefusalsOnly: %d throttled, want 8", got)
+			}
+			book(time.Second) // a later turn, without the option: counted
+			if got := throttled(); got != 9 {
+				t.Fatalf("after a later turn booked: %d throttled, want 9", got)
+			}
+			plain, err := throttle.New(rdb, throttle.Spec{Algorithm: throttle.TokenBucket, Limit: 10, Period: time.Second, Burst: 1}, throttle.WithPrefix(redistest.Prefix(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := throttle.NoteThrottled(ctx, plain, "k", 3); err != nil {
+				t.Fatalf("NoteThrottled on a limiter that counts none: %v, want nothing done", err)
+			}
+		})
+	}
+}

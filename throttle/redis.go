@@ -131,7 +131,7 @@ func (s redisSite) reaches(key string) bool {
 
 func (s redisSite) run(ctx context.Context, st *step) error {
 	first := st.parts[0].lim.(*redisLimiter)
-	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, Late: st.late, KeepAfter: st.keepAfter, Remind: st.remind,
+	op := &algorithms.Op{Now: algorithms.Now, Name: st.op, NotBefore: st.notBefore, Ahead: st.ahead, MaxWait: st.maxWait, Exact: st.exact, RefusalsOnly: st.refusals, Late: st.late, KeepAfter: st.keepAfter, Remind: st.remind,
 		Claims: make([]algorithms.OpClaim, 0, len(st.parts))}
 	if first.clock != nil {
 		op.Now, op.Slack = first.clock.Now().UnixMicro(), injectedClockSlack.Microseconds()

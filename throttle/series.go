@@ -65,7 +65,7 @@ func RemindEach(key string, members []string, lead, after time.Duration) BookOpt
 // booked): the series does not look, and a turn kept under one stays
 // counted (under-use, never excess). Misuse (an empty or repeated id, more
 // than MaxSeries ids or 8 claims, a negative wait, Remind in place of
-// RemindEach, KeepAfter) is an error wrapping ErrMisuse.
+// RemindEach, KeepAfter, RecentRefusalsOnly) is an error wrapping ErrMisuse.
 //
 // Claims in one Redis Cluster slot (all claims, on a single Redis server)
 // of limiters of New are booked in one script run: one TIME, one read
@@ -128,6 +128,9 @@ func BookSeries(ctx context.Context, claims []Claim, ids []string, notBefore tim
 	}
 	if b.keepAfter > 0 {
 		return misuse("KeepAfter is Book's: a series keeps every turn after now, for tasks that go away until their turns")
+	}
+	if b.refusalsOnly {
+		return misuse("RecentRefusalsOnly is Book's: a series counts the throttles of the turns it books")
 	}
 	if r := b.reminds; r != nil && len(r.members) != len(ids) {
 		return misuse("RemindEach has %d members for %d ids: want one per id", len(r.members), len(ids))

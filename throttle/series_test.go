@@ -526,6 +526,7 @@ func TestBookSeriesMisuse(t *testing.T) {
 		{desc: "Remind", claims: claims, ids: []string{"a"}, opts: []throttle.BookOption{throttle.Remind("w", "m", 0, 0)}, want: "RemindEach"},
 		{desc: "members of RemindEach", claims: claims, ids: []string{"a", "b"}, opts: []throttle.BookOption{throttle.RemindEach("w", []string{"m"}, 0, 0)}, want: "1 members for 2 ids"},
 		{desc: "KeepAfter", claims: claims, ids: []string{"a"}, opts: []throttle.BookOption{throttle.KeepAfter(time.Second)}, want: "KeepAfter is Book's"},
+		{desc: "RecentRefusalsOnly", claims: claims, ids: []string{"a"}, opts: []throttle.BookOption{throttle.RecentRefusalsOnly()}, want: "RecentRefusalsOnly is Book's"},
 	} {
 		t.Run(c.desc, func(t *testing.T) {
 			got, err := throttle.BookSeries(ctx, c.claims, c.ids, time.Time{}, c.minAhead, c.maxWait, c.opts...)
