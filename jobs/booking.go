@@ -197,7 +197,7 @@ func (b *booker) book(ctx context.Context, gs *gateSet, task taskRef, letOut boo
 // task for (activeLine; a fair queue has none).
 func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut bool, r *route, claims []claim, vars *taskVars, line backlogLine, lineAhead bool) (outcome, error) {
 	queue, cost := task.queue, r.cost
-	backlogs := gs.fair[queue] == nil
+	backlogs := gs.fair[queue] == nil // fair queues have lines of their own
 	reserveMax := gs.cfg.Worker.ReserveMax
 	if r.adaptive {
 		reserveMax = min(reserveMax, adaptiveReserve)

@@ -27,8 +27,8 @@ const (
 	// wakeEvery: the waker looks this often, and each look takes the tasks
 	// due before the next one too: they come back up to wakeEvery early,
 	// and wait the rest in the worker (see hold). A look costs a script run
-	// and 3 commands (5 as it renews the lease) however many tasks it takes: looking when each
-	// task comes would cost that per task.
+	// and 3 commands (5 as it renews the lease) however many tasks it
+	// takes: looking when each task comes would cost that per task.
 	wakeEvery = 100 * time.Millisecond
 	fairLook  = 20 * time.Millisecond // how often a waker lets tasks out of fair lines
 	wakeLease = time.Second           // a waker that dies is replaced this soon
