@@ -309,6 +309,7 @@ func (w *waker) take(ctx context.Context, queue string, renew bool, l *wakeLook)
 		keys = append(keys, prefix+"pending", prefix+"retry", prefix+"scheduled")
 		args = append(args, prefix+"t:", w.clock.Now().UnixNano(), wakeAgain.Microseconds(), wakeStillActive.Microseconds())
 	}
+	sent := w.clock.Now()
 	reply, err := wakeScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil || len(reply) == 0 {
 		return wakeEvery, false, false
@@ -324,7 +325,11 @@ func (w *waker) take(ctx context.Context, queue string, renew bool, l *wakeLook)
 		return wakeEvery, false, false
 	}
 	if redisNow, _ := reply[1].(int64); !reckoned && !w.clock.injected {
-		l.ahead = redisNow - w.clock.Now().UnixMicro()
+		// From when the take was sent, not answered: a slow trip puts the
+		// reckoning ahead of Redis's clock, never behind, and the looks
+		// until the next renewal take tasks early (they wait in the
+		// worker), never late (a turn used late is lost).
+		l.ahead = redisNow - sent.UnixMicro()
 	}
 	if moves {
 		for i := 3; i < len(reply); i += 2 {

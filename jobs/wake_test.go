@@ -524,3 +524,50 @@ func TestWakerPushesInTurnOrder(t *testing.T) {
 		})
 	}
 }
+
+// slowTimeReads delays the answer of every waker take that reads Redis's
+// clock (its now argument empty) by delay: a slow Redis, or a slow way back.
+type slowTimeReads struct{ delay time.Duration }
+
+func (h slowTimeReads) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h slowTimeReads) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && len(args) > 2 && slices.Contains(args, any("take")) {
+			if numKeys, ok := args[2].(int); ok && len(args) > 3+numKeys && args[3+numKeys] == "" {
+				time.Sleep(h.delay)
+			}
+		}
+		return err
+	}
+}
+
+func (h slowTimeReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestWakerReckonsEarlyNotLate: the looks between two renewals reckon
+// Redis's clock from the last take that read it, from when that take was
+// sent: an answer 300ms slow leaves the reckoning right, and a slow
+// request (here the first call, refused NOSCRIPT, then sent again) puts it
+// ahead of Redis's clock (tasks taken early wait in the worker), never
+// behind. Reckoned from when the answer came, the looks ran 300ms behind
+// and took tasks after their turns' lead was spent. (Redis and this test
+// share one clock.)
+func TestWakerReckonsEarlyNotLate(t *testing.T) {
+	queue := redistest.Queue(t, "q")
+	rdb := redistest.Client(t)
+	rdb.AddHook(slowTimeReads{delay: 300 * time.Millisecond})
+	s := newScheduler(t, rdb, Config{Queues: map[string]QueueConfig{queue: {}}})
+	l := &wakeLook{}
+	if _, held, _ := s.waker.take(context.Background(), queue, true, l); !held {
+		t.Fatal("the only worker is not the waker")
+	}
+	ahead := time.Duration(l.ahead) * time.Microsecond
+	t.Logf("after a take answered 300ms late, Redis's clock is reckoned %v ahead of ours", ahead)
+	if ahead < -5*time.Millisecond || ahead > 400*time.Millisecond {
+		t.Errorf("after a take answered 300ms late, Redis's clock is reckoned %v ahead of ours (they are one clock), want 0 to 400ms: ahead, never behind", ahead)
+	}
+}

@@ -49,8 +49,8 @@
 --            note: 1; take: {1 if tasks wait in fair lines, else 0, now,
 --            then per task taken its id and µs since it was due (negative:
 --            due yet)}, or {-2, µs until the waker's lease ends} when
---            another worker is the waker; resign: 1 if it was the waker; rush: how
---            many
+--            another worker is the waker; resign: 1 if it was the waker;
+--            rush: how many
 
 local op = ARGV[2]
 if op == 'note' then
