@@ -53,6 +53,7 @@ var sections = []section{
 	{"intake", runIntake},
 	{"rate", runRate},
 	{"backlog", runBacklog},
+	{"fleet", runFleet},
 	{"plan", runPlan},
 	{"page", runPage},
 	{"adaptive", runAdaptive},

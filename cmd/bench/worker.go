@@ -342,6 +342,7 @@ func counterSum(reg *prometheus.Registry, name, label, value string) (float64, e
 type commandCount struct {
 	all, scripts int64
 	byName       map[string]int64 // calls by command name
+	usecByName   map[string]int64 // the server's time in each, µs (INFO commandstats' usec)
 	cpu          time.Duration
 }
 
@@ -366,10 +367,32 @@ func (count commandCount) perTask(before commandCount, tasks int) string {
 	return strings.Join(out, ", ")
 }
 
+// timePerTask is the server's time in the commands of count less those of
+// before, per task, by command name, most first: "name n.n µs, ...". A
+// script's time includes the commands it runs, which are listed too.
+func (count commandCount) timePerTask(before commandCount, tasks int) string {
+	type row struct {
+		name string
+		usec int64
+	}
+	var rows []row
+	for name, usec := range count.usecByName {
+		if d := usec - before.usecByName[name]; d > 0 {
+			rows = append(rows, row{name, d})
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.usec, a.usec) })
+	var out []string
+	for _, r := range rows {
+		out = append(out, fmt.Sprintf("%s %.1f µs", r.name, float64(r.usec)/float64(max(tasks, 1))))
+	}
+	return strings.Join(out, ", ")
+}
+
 // commandsRun counts the commands the server has run, from INFO
 // commandstats, and the CPU time used so far (INFO cpu and getrusage).
 func commandsRun(ctx context.Context, rdb *redis.Client) (commandCount, error) {
-	count := commandCount{byName: map[string]int64{}}
+	count := commandCount{byName: map[string]int64{}, usecByName: map[string]int64{}}
 	var self syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &self); err != nil {
 		return count, fmt.Errorf("getrusage: %w", err)
@@ -394,10 +417,16 @@ func commandsRun(ctx context.Context, rdb *redis.Client) (commandCount, error) {
 		if !ok {
 			continue
 		}
-		calls, _, _ := strings.Cut(rest, ",")
+		calls, rest, _ := strings.Cut(rest, ",")
 		n, err := strconv.ParseInt(calls, 10, 64)
 		if err != nil {
 			return count, fmt.Errorf("INFO commandstats: %q: %w", line, err)
+		}
+		if usec, ok := strings.CutPrefix(rest, "usec="); ok {
+			usec, _, _ = strings.Cut(usec, ",")
+			if count.usecByName[strings.TrimPrefix(name, "cmdstat_")], err = strconv.ParseInt(usec, 10, 64); err != nil {
+				return count, fmt.Errorf("INFO commandstats: %q: %w", line, err)
+			}
 		}
 		count.all += n
 		count.byName[strings.TrimPrefix(name, "cmdstat_")] = n
