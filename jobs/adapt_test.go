@@ -355,3 +355,71 @@ func TestLearnedFraction(t *testing.T) {
 		t.Errorf("1.8/s of a quota with the default burst: burst %d, want 2 (a period's worth)", at.Burst)
 	}
 }
+
+// TestAdaptFewCallsProbeRarely: destinations that allow 2, 3 and 5 calls
+// a second one interval apart (a burst of 1), each learned by a keyed
+// quota's controller (min 1, max 100, start 10, limits in tenths), the
+// fleet sending at the limit in force, evenly, its reports every 250 ms.
+// Each probe past such a limit is a 429, a lost call and a cut; probing 6 s
+// after each cut, as at 50/s, was a probe every dozen calls at 2/s (issue
+// 23's destinations of 2 and 3/s used 75 to 85% of their limits). From 15 s
+// on: at most 2 calls answered 429 in 45 s, and at least 90% of the limit
+// used.
+func TestAdaptFewCallsProbeRarely(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	for _, hidden := range []float64{2, 3, 5} {
+		settledOK, settledBusy := runFewCalls(t, rdb, hidden)
+		used := float64(settledOK) / (hidden * (fewCallsRun - fewCallsSettle).Seconds())
+		t.Logf("%v/s: from %v on, %d successes (%.1f%% of the limit), %d answered 429", hidden, fewCallsSettle, settledOK, 100*used, settledBusy)
+		if settledBusy > 2 {
+			t.Errorf("%v/s: %d calls answered 429 in %v, want at most 2: the controller probes too often for so few calls", hidden, settledBusy, fewCallsRun-fewCallsSettle)
+		}
+		if used < 0.9 {
+			t.Errorf("%v/s: %.1f%% of the limit used from %v on, want at least 90%%", hidden, 100*used, fewCallsSettle)
+		}
+	}
+}
+
+const fewCallsSettle, fewCallsRun = 15 * time.Second, 60 * time.Second
+
+// runFewCalls runs TestAdaptFewCallsProbeRarely's fleet against a hidden
+// limit of hidden calls a second (a burst of 1) for fewCallsRun and
+// returns its successes and 429s from fewCallsSettle on.
+func runFewCalls(t *testing.T, rdb redis.UniversalClient, hidden float64) (settledOK, settledBusy int) {
+	t.Helper()
+	key := adaptKey(redistest.Queue(t, "fewcalls"))
+	t0 := time.Unix(1_800_000_000, 0)
+	const step, every = 10 * time.Millisecond, 250 * time.Millisecond
+	up := &hiddenBucket{limit: hidden, tokens: 1}
+	limit, owed := 10.0, 0.0
+	var ok, busy int
+	for at := time.Duration(0); at < fewCallsRun; at += step {
+		up.advance(step)
+		for owed += limit * step.Seconds(); owed >= 1; owed-- {
+			if up.call() {
+				ok++
+				if at >= fewCallsSettle {
+					settledOK++
+				}
+			} else {
+				busy++
+				if at >= fewCallsSettle {
+					settledBusy++
+				}
+			}
+		}
+		if (at+step)%every == 0 {
+			reply, err := adaptScript.Run(context.Background(), rdb, []string{key}, t0.Add(at).UnixMicro(), 1, 100, 10,
+				time.Second.Microseconds(), ok, busy, "0.000000", "0", 60, "1").StringSlice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if limit, err = strconv.ParseFloat(reply[4], 64); err != nil {
+				t.Fatal(err)
+			}
+			ok, busy = 0, 0
+		}
+	}
+	return settledOK, settledBusy
+}

@@ -46,6 +46,10 @@
 --   in seconds and an unchanged one is passed by little. After a cut below
 --   a rate that held, the first probe waits `plateau` from the cut: the
 --   limit was where it was.
+-- * A probe that failed bounds the limit from above: the next probes go at
+--   most halfway to it; once the rate that held is within `known` of it,
+--   the limit is taken as halfway between the two and probed past only
+--   after plateauCalls calls' time.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 if not now then
@@ -65,8 +69,17 @@ local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
 -- upstream's rate is measured by what got through.
 local refused = 0.2
 local statedHold = 60 * second
--- plateau: no probe this soon after a cut below a rate that held.
+-- plateau: no probe this soon after a cut below a rate that held, nor
+-- before plateauCalls calls at that rate: a probe past the limit of an
+-- upstream that allows no burst costs a 429, a lost call and a cut, and
+-- at 2 calls a second a probe 6 s after each cut was one every dozen
+-- calls (issue 23's destinations of 2 and 3/s). Above 10 calls a second
+-- the 6 s are the longer.
 local plateau = 6 * second
+local plateauCalls = 100
+-- known: a limit known within this share of it is probed past no more
+-- often than plateauCalls allows.
+local known = 0.05
 -- near: the rate approaches this share of the ceiling quickly; past it,
 -- it probes.
 local near = 0.95
@@ -77,7 +90,7 @@ local function clamp(x)
   return x
 end
 
-local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g', 'sb', 'pr', 'pa')
+local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g', 'sb', 'pr', 'pa', 'fp')
 local r = clamp(tonumber(h[1]) or start)
 local ceiling = tonumber(h[2]) or 0
 local at = tonumber(h[3]) or 0      -- last change
@@ -93,6 +106,7 @@ local limitAt = tonumber(h[12]) or now
 local sinceBusy = tonumber(h[13]) or 0 -- calls refused since the last cut
 local held = tonumber(h[14]) or 0 -- the rate before the last raise: it held a second without a 429
 local probeAt = tonumber(h[15]) or 0 -- no probe past the ceiling before
+local failed = tonumber(h[16]) or 0 -- the last probe that failed, while the limit lies between it and the ceiling
 
 -- Successes over the last second, by whole seconds: the current one and the
 -- part of the one before that the last second still covers.
@@ -125,8 +139,23 @@ elseif (busy > 0 or low) and now - cut >= second then
     probeAt = now
   else
     probeAt = now
-    if held > 0 then probeAt = now + plateau end
+    if held > 0 then
+      -- A probe failed: the limit lies between the rate that held and
+      -- this one. The next probes halve that gap, a plateau apart; once it
+      -- is under `known` of the rate that held, the limit is known and
+      -- probes wait plateauCalls calls' time.
+      failed = r
+      probeAt = now + plateau
+    end
     r = math.min(r, math.max(beta * r, settle * ceiling))
+    if held > 0 and failed - held < known * held then
+      -- The limit is known, within `known`: it is taken as halfway
+      -- between the rate that held and the probe that failed, the rate
+      -- goes back to just under it, and it is probed rarely.
+      ceiling = (held + failed) / 2
+      probeAt = now + math.max(plateau, plateauCalls * period / held)
+      r = near * ceiling
+    end
   end
   r = clamp(r)
   cut, sinceCut, sinceBusy, k, held = now, 0, 0, 0, 0
@@ -138,7 +167,17 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
   elseif r < 0.999 * near * ceiling then -- (r is kept to 6 decimals)
     r = math.min(near * ceiling, r + math.max((near * ceiling - r) / 2, 0.01 * ceiling))
   elseif now >= statedUntil and now >= probeAt then
-    r = r + math.min(0.04 * ceiling * 2 ^ k, ceiling)
+    local step = math.min(0.04 * ceiling * 2 ^ k, ceiling)
+    if failed > r and failed - r >= known * r then
+      step = math.min(step, (failed - r) / 2) -- halfway to the probe that failed
+    elseif failed > r then
+      -- The limit is known: between this rate, which held, and the probe
+      -- that failed. No probe past it for plateauCalls calls; then probes
+      -- as before (a limit that rose is found as fast).
+      ceiling, failed, step = (r + failed) / 2, 0, 0
+      probeAt = now + math.max(plateau, plateauCalls * period / r)
+    end
+    r = r + step
     k = k + 1
   end
   r = clamp(r)
@@ -158,7 +197,7 @@ local function num(x)
 end
 
 redis.call('HSET', key, 'r', string.format('%.6f', r), 'c', string.format('%.6f', ceiling), 'at', int(at), 'cut', int(cut),
-  'sc', int(sinceCut), 'sb', int(sinceBusy), 'pr', string.format('%.6f', held), 'pa', int(probeAt), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
+  'sc', int(sinceCut), 'sb', int(sinceBusy), 'pr', string.format('%.6f', held), 'pa', int(probeAt), 'fp', string.format('%.6f', failed), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
   'l', num(limit), 'g', int(limitAt))
 redis.call('EXPIRE', key, ttl)
 return {string.format('%.6f', r), string.format('%.6f', before), cause, string.format('%.6f', recent), num(limit), int(limitAt),
