@@ -130,6 +130,9 @@ if stated > 0 then
   end
   statedUntil = now + statedHold
 elseif (busy > 0 or low) and now - cut >= second then
+  -- A probe: the rate was raised past `near` of the ceiling it had (a
+  -- rate held there that meets a "slow down" met a limit that fell).
+  local probed = held > 0 and ceiling > 0 and r > near * ceiling * 1.000001
   ceiling = math.min(r, held > 0 and held or recent)
   if cut > 0 and now - cut < 3 * second and sinceBusy >= 5 and sinceBusy >= refused * (sinceCut + sinceBusy) then
     -- Still refused a real share of the calls since the last cut: what
@@ -139,16 +142,16 @@ elseif (busy > 0 or low) and now - cut >= second then
     probeAt = now
   else
     probeAt = now
-    if held > 0 then
+    if held > 0 then probeAt = now + plateau end
+    if probed then
       -- A probe failed: the limit lies between the rate that held and
       -- this one. The next probes halve that gap, a plateau apart; once it
       -- is under `known` of the rate that held, the limit is known and
       -- probes wait plateauCalls calls' time.
       failed = r
-      probeAt = now + plateau
     end
     r = math.min(r, math.max(beta * r, settle * ceiling))
-    if held > 0 and failed - held < known * held then
+    if probed and failed - held < known * held then
       -- The limit is known, within `known`: it is taken as halfway
       -- between the rate that held and the probe that failed, the rate
       -- goes back to just under it, and it is probed rarely.
@@ -170,12 +173,11 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
     local step = math.min(0.04 * ceiling * 2 ^ k, ceiling)
     if failed > r and failed - r >= known * r then
       step = math.min(step, (failed - r) / 2) -- halfway to the probe that failed
-    elseif failed > r then
-      -- The limit is known: between this rate, which held, and the probe
-      -- that failed. No probe past it for plateauCalls calls; then probes
-      -- as before (a limit that rose is found as fast).
-      ceiling, failed, step = (r + failed) / 2, 0, 0
-      probeAt = now + math.max(plateau, plateauCalls * period / r)
+    elseif failed > 0 then
+      -- This rate held within `known` of the probe that failed: the bound
+      -- is spent, and probes go as before (a limit that rose is found as
+      -- fast; one that did not fails again, and is known at that cut).
+      failed = 0
     end
     r = r + step
     k = k + 1

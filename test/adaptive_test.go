@@ -136,8 +136,8 @@ var keyedLimits = map[string]int{"d02": 2, "d03": 3, "d05": 5, "d07": 7, "d10": 
 // to 1.8%, and 94 to 101%). The destinations of 2 to 5/s, which the API
 // lets through only one call an interval apart (a burst of 1), at least
 // 65%: measured 85 to 95% (2/s 85 to 95%, 3/s 88 to 90%, 5/s 91 to 93%)
-// on a quiet machine in 3 runs since the controller narrows its search
-// after a failed probe (82 to 90% before), not always at the 85%:
+// in 4 runs since the controller narrows its search after a failed probe
+// (82 to 90% before), not always at the 85%:
 // a probe of the controller at their limit is a 429, a lost turn and a
 // cut, and so is a call started late (docs/known-limits.md). All
 // of them less on a machine busy with other work: 67 to 79% below 10/s in
