@@ -347,44 +347,36 @@ type commandCount struct {
 }
 
 // perTask is what the commands of count less those of before came to per
-// task, by command name, most first: "name n.n, ...".
+// task, by command name, most first: "name n.nn, ...".
 func (count commandCount) perTask(before commandCount, tasks int) string {
-	type row struct {
-		name string
-		n    int64
-	}
-	var rows []row
-	for name, n := range count.byName {
-		if d := n - before.byName[name]; d > 0 {
-			rows = append(rows, row{name, d})
-		}
-	}
-	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.n, a.n) })
-	var out []string
-	for _, r := range rows {
-		out = append(out, fmt.Sprintf("%s %.2f", r.name, float64(r.n)/float64(max(tasks, 1))))
-	}
-	return strings.Join(out, ", ")
+	return byNamePerTask(count.byName, before.byName, tasks, "%s %.2f")
 }
 
 // timePerTask is the server's time in the commands of count less those of
 // before, per task, by command name, most first: "name n.n µs, ...". A
 // script's time includes the commands it runs, which are listed too.
 func (count commandCount) timePerTask(before commandCount, tasks int) string {
+	return byNamePerTask(count.usecByName, before.usecByName, tasks, "%s %.1f µs")
+}
+
+// byNamePerTask lists, most first, what each name's figure in now grew by
+// since before, per task, each formatted by format (the name, then the
+// figure), joined by ", ".
+func byNamePerTask(now, before map[string]int64, tasks int, format string) string {
 	type row struct {
 		name string
-		usec int64
+		n    int64
 	}
 	var rows []row
-	for name, usec := range count.usecByName {
-		if d := usec - before.usecByName[name]; d > 0 {
+	for name, n := range now {
+		if d := n - before[name]; d > 0 {
 			rows = append(rows, row{name, d})
 		}
 	}
-	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.usec, a.usec) })
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.n, a.n) })
 	var out []string
 	for _, r := range rows {
-		out = append(out, fmt.Sprintf("%s %.1f µs", r.name, float64(r.usec)/float64(max(tasks, 1))))
+		out = append(out, fmt.Sprintf(format, r.name, float64(r.n)/float64(max(tasks, 1))))
 	}
 	return strings.Join(out, ", ")
 }
