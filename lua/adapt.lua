@@ -47,9 +47,9 @@
 --   a rate that held, the first probe waits `plateau` from the cut: the
 --   limit was where it was.
 -- * A probe that failed bounds the limit from above: the next probes go at
---   most halfway to it; once the rate that held is within `known` of it,
---   the limit is taken as halfway between the two and probed past only
---   after plateauCalls calls' time.
+--   most halfway to it. One that fails within `known` of the rate that
+--   held makes the limit known: taken as halfway between the two, and
+--   probed past only after plateauCalls calls' time.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 if not now then
@@ -69,16 +69,15 @@ local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
 -- upstream's rate is measured by what got through.
 local refused = 0.2
 local statedHold = 60 * second
--- plateau: no probe this soon after a cut below a rate that held, nor
--- before plateauCalls calls at that rate: a probe past the limit of an
--- upstream that allows no burst costs a 429, a lost call and a cut, and
--- at 2 calls a second a probe 6 s after each cut was one every dozen
--- calls (issue 23's destinations of 2 and 3/s). Above 10 calls a second
--- the 6 s are the longer.
+-- plateau: no probe this soon after a cut below a rate that held.
 local plateau = 6 * second
+-- plateauCalls: a limit known within `known` is probed past only after
+-- this many calls' time at it (or plateau, the longer from 17 calls a
+-- second on): a probe past the limit of an upstream that allows no burst
+-- costs a 429, a lost call and a cut, and at 2 calls a second a probe 6 s
+-- after each cut was one every dozen calls (issue 23's destinations of 2
+-- and 3/s).
 local plateauCalls = 100
--- known: a limit known within this share of it is probed past no more
--- often than plateauCalls allows.
 local known = 0.05
 -- near: the rate approaches this share of the ceiling quickly; past it,
 -- it probes.
