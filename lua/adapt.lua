@@ -131,7 +131,7 @@ if stated > 0 then
 elseif (busy > 0 or low) and now - cut >= second then
   -- A probe: the rate was raised past `near` of the ceiling it had (a
   -- rate held there that meets a "slow down" met a limit that fell).
-  local probed = held > 0 and ceiling > 0 and r > near * ceiling * 1.000001
+  local probed = held > 0 and ceiling > 0 and r > near * ceiling * 1.000001 -- (r and the ceiling are kept to 6 decimals)
   ceiling = math.min(r, held > 0 and held or recent)
   if cut > 0 and now - cut < 3 * second and sinceBusy >= 5 and sinceBusy >= refused * (sinceCut + sinceBusy) then
     -- Still refused a real share of the calls since the last cut: what
