@@ -34,8 +34,9 @@
 --   of the last second), by beta at most. If the upstream refused a real
 --   share of the calls since the last cut (at least `refused` of them,
 --   and 5) within 3 s of it, its limit fell: the ceiling is what got
---   through since the cut (the upstream's real rate, measured), the rate
---   90% of that if lower still. One burst of 429s counts once: a second
+--   through since the cut (the upstream's real rate, measured; one more
+--   success if fewer than fewCounted got through), the rate 90% of that if
+--   lower still. One burst of 429s counts once: a second
 --   cut waits a second.
 -- * While calls succeed and the rate is used (its recent successes, give
 --   or take the one event a count over a second is known to, at least
@@ -68,6 +69,9 @@ local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
 -- refused: the share of calls refused since the last cut above which the
 -- upstream's rate is measured by what got through.
 local refused = 0.2
+-- fewCounted: a measure of the upstream's rate from fewer successes than
+-- this takes one more (see below).
+local fewCounted = 5
 local statedHold = 60 * second
 -- plateau: no probe this soon after a cut below a rate that held.
 local plateau = 6 * second
@@ -136,7 +140,12 @@ elseif (busy > 0 or low) and now - cut >= second then
   if cut > 0 and now - cut < 3 * second and sinceBusy >= 5 and sinceBusy >= refused * (sinceCut + sinceBusy) then
     -- Still refused a real share of the calls since the last cut: what
     -- got through since then is the upstream's rate now.
-    ceiling = sinceCut * period / (now - cut)
+    -- A count over a second or so is known to one event: of a few, the
+    -- upper end is taken (at 2/s, one success that a late call moved out
+    -- of the count made the rate half the limit, and it grows back slowly).
+    local got = sinceCut
+    if got < fewCounted then got = got + 1 end
+    ceiling = got * period / (now - cut)
     r = math.min(beta * r, settle * ceiling)
     probeAt = now
   else
