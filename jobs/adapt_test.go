@@ -86,27 +86,80 @@ func (b *hiddenBucket) call() bool {
 // with real workers.
 func TestAdaptController(t *testing.T) {
 	t.Parallel()
-	c := newController(t)
-	phases := []struct {
-		limit float64
-		for_  time.Duration
-	}{{50, 30 * time.Second}, {20, 30 * time.Second}, {50, 30 * time.Second}}
+	run := runPhases(t, newController(t), []upstreamPhase{{50, 30 * time.Second}, {20, 30 * time.Second}, {50, 30 * time.Second}})
+	for i, got := range run.settled {
+		if limit := run.phases[i].limit; got < 0.9*limit {
+			t.Errorf("phase %d: %.1f successes/s after 10 s, want >= 90%% of %v", i+1, got, limit)
+		}
+	}
+	dropEnd := run.busyUntil[1]
+	t.Logf("%d of %d calls 429 (%.2f%%); the drop's 429s ended %v after it", run.busy, run.calls, 100*float64(run.busy)/float64(run.calls), dropEnd)
+	if dropEnd > 3*time.Second {
+		t.Errorf("the 429s the drop to 20/s began went on for %v, want <= 3s", dropEnd)
+	}
+	if float64(run.busy) > 0.03*float64(run.calls) {
+		t.Errorf("%d of %d calls answered 429, want <= 3%%", run.busy, run.calls)
+	}
+}
+
+// TestAdaptOutageRecovers: an upstream that answers every call 429 for 5 s
+// (down, or blocking the account) and then allows 50/s again: once it
+// lets calls through, the rate grows back as it would with no ceiling
+// known, and the phase after the outage gets at least 90% of 50/s after
+// its first 10 s. A measure of the upstream's rate from the successes
+// after a cut that found none takes no ceiling from them (with one taken,
+// the rate climbed back by one a second: 15/s after 10 s).
+func TestAdaptOutageRecovers(t *testing.T) {
+	t.Parallel()
+	run := runPhases(t, newController(t), []upstreamPhase{{50, 20 * time.Second}, {0, 5 * time.Second}, {50, 30 * time.Second}})
+	if got := run.settled[2]; got < 0.9*50 {
+		t.Errorf("after the outage: %.1f successes/s from 10 s on, want >= 90%% of 50", got)
+	}
+}
+
+// upstreamPhase is a time an upstream allows limit calls a second (0: it
+// refuses every call).
+type upstreamPhase struct {
+	limit float64
+	for_  time.Duration
+}
+
+// phasesRun is what runPhases measured.
+type phasesRun struct {
+	phases []upstreamPhase
+	// settled is each phase's successes a second after its first 10 s.
+	settled []float64
+	// busyUntil is, in each phase, when the 429s that came at its start
+	// ended (the last before a second without one), from its start.
+	busyUntil   []time.Duration
+	calls, busy int
+}
+
+// runPhases runs controller c against an upstream going through phases,
+// a fleet sending at the limit in force (evenly, its reports every 250 ms,
+// the limit they read back in force from the next step), starting at 30/s.
+func runPhases(t *testing.T, c *controller, phases []upstreamPhase) phasesRun {
+	t.Helper()
 	const step = 10 * time.Millisecond
 	const every = 250 * time.Millisecond
-	up := &hiddenBucket{limit: 50, tokens: 10}
+	run := phasesRun{phases: phases}
+	up := &hiddenBucket{limit: phases[0].limit, tokens: phases[0].limit / 5}
 	limit, owed := 30, 0.0
 	var at time.Duration
-	var ok, busy, calls, busyAll int
-	var dropEnd time.Duration // the last 429 of those the drop began, before a second without one
-	dropQuiet := false
+	var ok, busy int
 	for i, p := range phases {
 		up.limit = p.limit
+		if p.limit == 0 {
+			up.tokens = 0
+		}
 		from := at
 		settledOK := 0
+		var busyUntil time.Duration
+		quiet := false
 		for ; at < from+p.for_; at += step {
 			up.advance(step)
 			for owed += float64(limit) * step.Seconds(); owed >= 1; owed-- {
-				calls++
+				run.calls++
 				if up.call() {
 					ok++
 					if at >= from+10*time.Second {
@@ -114,9 +167,9 @@ func TestAdaptController(t *testing.T) {
 					}
 				} else {
 					busy++
-					busyAll++
-					if i == 1 && !dropQuiet {
-						dropEnd = at - from
+					run.busy++
+					if !quiet {
+						busyUntil = at - from
 					}
 				}
 			}
@@ -124,23 +177,19 @@ func TestAdaptController(t *testing.T) {
 				r := c.report(at, ok, busy, 0, false)
 				ok, busy, limit = 0, 0, r.limit
 			}
-			if i == 1 && at-from-dropEnd >= time.Second {
-				dropQuiet = true
+			if at-from-busyUntil >= time.Second {
+				quiet = true
 			}
 		}
-		got := float64(settledOK) / (p.for_ - 10*time.Second).Seconds()
-		t.Logf("phase %d: hidden %v/s, %.1f/s after 10 s", i+1, p.limit, got)
-		if got < 0.9*p.limit {
-			t.Errorf("phase %d: %.1f successes/s after 10 s, want >= 90%% of %v", i+1, got, p.limit)
+		got := 0.0 // a phase of 10 s or less has no settled part
+		if p.for_ > 10*time.Second {
+			got = float64(settledOK) / (p.for_ - 10*time.Second).Seconds()
+			t.Logf("phase %d: hidden %v/s, %.1f/s after 10 s", i+1, p.limit, got)
 		}
+		run.settled = append(run.settled, got)
+		run.busyUntil = append(run.busyUntil, busyUntil)
 	}
-	t.Logf("%d of %d calls 429 (%.2f%%); the drop's 429s ended %v after it", busyAll, calls, 100*float64(busyAll)/float64(calls), dropEnd)
-	if dropEnd > 3*time.Second {
-		t.Errorf("the 429s the drop to 20/s began went on for %v, want <= 3s", dropEnd)
-	}
-	if float64(busyAll) > 0.03*float64(calls) {
-		t.Errorf("%d of %d calls answered 429, want <= 3%%", busyAll, calls)
-	}
+	return run
 }
 
 // TestAdaptiveRates: on a Scheduler, against real Redis and the cluster:

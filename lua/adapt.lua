@@ -35,7 +35,7 @@
 --   share of the calls since the last cut (at least `refused` of them,
 --   and 5) within 3 s of it, its limit fell: the ceiling is what got
 --   through since the cut (the upstream's real rate, measured; one more
---   success if fewer than fewCounted got through), the rate 90% of that if
+--   success if 1 to fewCounted - 1 got through), the rate 90% of that if
 --   lower still. One burst of 429s counts once: a second
 --   cut waits a second.
 -- * While calls succeed and the rate is used (its recent successes, give
@@ -143,8 +143,10 @@ elseif (busy > 0 or low) and now - cut >= second then
     -- A count over a second or so is known to one event: of a few, the
     -- upper end is taken (at 2/s, one success that a late call moved out
     -- of the count made the rate half the limit, and it grows back slowly).
+    -- None is no measure: the upstream let nothing through (down, or
+    -- blocking), and with no ceiling the rate grows back by growth.
     local got = sinceCut
-    if got < fewCounted then got = got + 1 end
+    if got > 0 and got < fewCounted then got = got + 1 end
     ceiling = got * period / (now - cut)
     r = math.min(beta * r, settle * ceiling)
     probeAt = now
