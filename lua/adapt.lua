@@ -69,8 +69,8 @@ local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
 -- refused: the share of calls refused since the last cut above which the
 -- upstream's rate is measured by what got through.
 local refused = 0.2
--- fewCounted: a measure of the upstream's rate from fewer successes than
--- this takes one more (see below).
+-- fewCounted: a measure of the upstream's rate from at least one success
+-- but fewer than this takes one more (see below).
 local fewCounted = 5
 local statedHold = 60 * second
 -- plateau: no probe this soon after a cut below a rate that held.
