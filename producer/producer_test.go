@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/sluicehq/sluice/config"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/producer"
 )
 
@@ -261,14 +261,9 @@ func TestLoaderUncertain(t *testing.T) {
 	}
 
 	// A server that is gone: the write is never sent.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gone := ln.Addr().String()
-	ln.Close()
+	gone := testkit.FreeAddr(t)
 	line := 2
-	err = producer.NewLoader(loaderClient(t, gone)).Load(context.Background(), func() (producer.Task, bool, error) {
+	err := producer.NewLoader(loaderClient(t, gone)).Load(context.Background(), func() (producer.Task, bool, error) {
 		line++
 		return task(line), line <= 10_000, nil
 	}, nil, func(task producer.Task, r producer.Result) {

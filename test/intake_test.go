@@ -350,8 +350,8 @@ func TestIntakeNamesClient(t *testing.T) {
 // allowed on purpose.
 func TestIntakePublicNeedsClients(t *testing.T) {
 	t.Parallel()
-	_, port, _ := strings.Cut(freeAddr(t), ":")
-	config := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\ngateway: {listen: '0.0.0.0:%s', metrics_addr: %s}\n", redistest.Addr(t), port, freeAddr(t)))
+	_, port, _ := strings.Cut(testkit.FreeAddr(t), ":")
+	config := writeConfig(t, fmt.Sprintf("redis: {addr: %s}\ngateway: {listen: '0.0.0.0:%s', metrics_addr: %s}\n", redistest.Addr(t), port, testkit.FreeAddr(t)))
 	r := runEnqueue(t, redistest.Addr(t), nil, "--config", config, "serve")
 	if r.code != 2 || !strings.Contains(r.stderr, "gateway.listen 0.0.0.0:"+port) || !strings.Contains(r.stderr, "gateway.clients") ||
 		!strings.Contains(r.stderr, "gateway.allow_anonymous") {
@@ -468,7 +468,7 @@ func TestIntakeRevokedKeys(t *testing.T) {
 	client := func(name string) string {
 		return fmt.Sprintf("{name: %s, key_sha256: %s}", name, keyHash(name+"-secret"))
 	}
-	_, port, _ := net.SplitHostPort(freeAddr(t))
+	_, port, _ := net.SplitHostPort(testkit.FreeAddr(t))
 	s := startIntakeOn(t, "0.0.0.0:"+port, fmt.Sprintf("  clients: [%s, %s]\n", client("alice"), client("bob")), queue)
 	reloads := 0
 	reload := func(clients ...string) {

@@ -198,7 +198,7 @@ type intakeServer struct {
 // until it answers.
 func startIntake(t *testing.T, gateway string, queues ...string) *intakeServer {
 	t.Helper()
-	return startIntakeOn(t, freeAddr(t), gateway, queues...)
+	return startIntakeOn(t, testkit.FreeAddr(t), gateway, queues...)
 }
 
 // startIntakeOn is startIntake serving on addr, an IPv4 host:port; its
@@ -206,7 +206,7 @@ func startIntake(t *testing.T, gateway string, queues ...string) *intakeServer {
 // reached over loopback only).
 func startIntakeOn(t *testing.T, addr, gateway string, queues ...string) *intakeServer {
 	t.Helper()
-	metrics := freeAddr(t)
+	metrics := testkit.FreeAddr(t)
 	var b strings.Builder
 	fmt.Fprintf(&b, "redis: {addr: %s}\n", redistest.Addr(t))
 	if len(queues) > 0 {

@@ -48,7 +48,7 @@ scrape_configs:
   - job_name: sluice-worker
     static_configs: [{targets: [%s]}]
 `, rules, strings.Join(targets, ", ")))
-	p := &promServer{addr: freeAddr(t)}
+	p := &promServer{addr: testkit.FreeAddr(t)}
 	log, err := os.Create(filepath.Join(dir, "prometheus.log"))
 	if err != nil {
 		t.Fatal(err)

@@ -71,7 +71,7 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 	}
 	cmd = exec.Command(binary)
 	cmd.Dir = run
-	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+freeAddr(t))
+	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+testkit.FreeAddr(t))
 	out, err = cmd.CombinedOutput()
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
 		t.Errorf("the README's worker on a config with a typo under tasks: %v, want exit code 2\n%s", err, out)
@@ -94,7 +94,7 @@ func TestReadmeWorkerSnippet(t *testing.T) {
 	var log bytes.Buffer
 	cmd = exec.Command(binary)
 	cmd.Dir = run
-	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+freeAddr(t))
+	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+testkit.FreeAddr(t))
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

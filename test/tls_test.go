@@ -190,7 +190,7 @@ func runToEnd(t *testing.T, args ...string) (code int, stderr string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, args[0]), args[1:]...)
-	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+freeAddr(t))
+	cmd.Env = append(os.Environ(), "SLUICE_WORKER_METRICS_ADDR="+testkit.FreeAddr(t))
 	var out bytes.Buffer
 	cmd.Stderr = &out
 	cmd.Run()

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // worker is one running worker process.
@@ -35,7 +37,7 @@ func startWorker(t *testing.T, config string, env ...string) *worker {
 // in bin ("worker", "examples/worker", "test/panicworker", "test/customerworker"), with args, as startWorker does.
 func startWorkerBinary(t *testing.T, binary string, args []string, env ...string) *worker {
 	t.Helper()
-	w := &worker{metrics: freeAddr(t), log: filepath.Join(t.TempDir(), "worker.log")}
+	w := &worker{metrics: testkit.FreeAddr(t), log: filepath.Join(t.TempDir(), "worker.log")}
 	logFile, err := os.Create(w.log)
 	if err != nil {
 		t.Fatal(err)

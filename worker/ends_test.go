@@ -28,7 +28,7 @@ redis: {addr: %s}
 worker: {concurrency: 2, metrics_addr: %s}
 queues: {%s: {}}
 tasks: {lib:end: {}}
-`, srv.Addr, freeAddr(t), queue))
+`, srv.Addr, testkit.FreeAddr(t), queue))
 	w, err := New(path, WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)

@@ -29,16 +29,6 @@ func writeConfig(t *testing.T, content string) string {
 	return path
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // TestNewProblems: a config with problems is one error from New that lists
 // every problem by key.
 func TestNewProblems(t *testing.T) {
@@ -73,7 +63,7 @@ tasks:
 // and refuses to run twice.
 func TestRun(t *testing.T) {
 	queue := redistest.Queue(t, "lib")
-	metrics := freeAddr(t)
+	metrics := testkit.FreeAddr(t)
 	path := writeConfig(t, fmt.Sprintf(`
 redis: {addr: %s}
 worker: {concurrency: 2, metrics_addr: %s}
@@ -142,7 +132,7 @@ quotas:
 tasks:
   %s: {quotas: [crm]}
   crm:push: {}
-`, redistest.Addr(t), freeAddr(t), queue, taskType)
+`, redistest.Addr(t), testkit.FreeAddr(t), queue, taskType)
 	}
 	path := writeConfig(t, configWith("crm:synk"))
 	var log testkit.SyncBuffer

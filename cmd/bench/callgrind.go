@@ -18,6 +18,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -187,12 +188,10 @@ func startCallgrind(ctx context.Context, b *bench) (*cgServer, error) {
 	if server == "" {
 		server = "redis-server"
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, _, err := testkit.ReservePort()
 	if err != nil {
 		return nil, err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	dir, err := os.MkdirTemp("", "sluice-callgrind-")
 	if err != nil {
 		return nil, err

@@ -119,14 +119,7 @@ func runIntake(ctx context.Context, b *bench) error {
 // (gateway.limits, indented) that enqueues to queue, and returns the
 // address it names for the intake to listen on.
 func writeIntakeConfig(path string, b *bench, queue, limits string) (string, error) {
-	listen, err := freeAddr()
-	if err != nil {
-		return "", err
-	}
-	metrics, err := freeAddr()
-	if err != nil {
-		return "", err
-	}
+	listen, metrics := freeLoopback(), freeLoopback()
 	config := fmt.Sprintf("redis: {addr: %q}\nqueues:\n  %s: {}\ngateway:\n  listen: %s\n  metrics_addr: %s\n  max_connections: %d\n%s",
 		b.addr, queue, listen, metrics, 4*intakeClients, limits)
 	return listen, os.WriteFile(path, []byte(config), 0o644)
@@ -212,15 +205,6 @@ func serveIntake(path string) (string, func(), error) {
 		client.Close()
 		rdb.Close()
 	}, nil
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // postLoad has intakeClients clients post body to url for d and returns

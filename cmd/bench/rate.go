@@ -19,6 +19,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -253,14 +254,15 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// freeLoopback is a loopback address with a port nothing listens on now.
+// freeLoopback is a loopback address with a port nothing listens on now,
+// kept from the tests' servers until the bench exits
+// (testkit.ReservePort); with none free, any port (127.0.0.1:0).
 func freeLoopback() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, _, err := testkit.ReservePort()
 	if err != nil {
 		return "127.0.0.1:0"
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 }
 
 // buildWorker builds cmd/worker into a new temporary directory named for

@@ -28,6 +28,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/jobs"
 )
 
@@ -296,12 +297,14 @@ type process struct {
 }
 
 func (f Fleet) start(ctx context.Context, config string, i int) (*process, error) {
-	metrics, err := freeAddr()
+	port, release, err := testkit.ReservePort()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("hiddenlimit: %w", err)
 	}
+	metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	log, err := os.OpenFile(filepath.Join(f.Dir, fmt.Sprintf("%s-worker-%d.log", f.Queue, i)), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	p := &process{cmd: exec.CommandContext(ctx, f.Worker, "--config", config), metrics: metrics, done: make(chan struct{})}
@@ -309,11 +312,13 @@ func (f Fleet) start(ctx context.Context, config string, i int) (*process, error
 	p.cmd.Stdout, p.cmd.Stderr = log, log
 	if err := p.cmd.Start(); err != nil {
 		log.Close()
+		release()
 		return nil, err
 	}
 	go func() {
 		p.cmd.Wait()
 		log.Close()
+		release()
 		close(p.done)
 	}()
 	return p, nil
@@ -428,16 +433,6 @@ func interleaved(counts map[string]int) []string {
 		keys[i] = s.key
 	}
 	return keys
-}
-
-// freeAddr is a loopback address with a port free now.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("hiddenlimit: no free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // PhaseStats is what one phase saw: over the whole phase, and over the

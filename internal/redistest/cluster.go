@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // FailoverCluster is a Redis Cluster of the test's own: 3 masters with a replica
@@ -31,9 +33,12 @@ func StartCluster(tb testing.TB) *FailoverCluster {
 	tb.Helper()
 	c := &FailoverCluster{}
 	var addrs []string
-	// A client port and a cluster bus port for each node, all different:
-	// ports taken one at a time from freeAddr may repeat.
-	ports := freePorts(tb, 12)
+	// A client port and a cluster bus port for each node (the bus's
+	// default, port+10000, could be any other server's port).
+	ports := make([]string, 12)
+	for i := range ports {
+		ports[i] = strconv.Itoa(testkit.FreePort(tb))
+	}
 	for i, port := range ports[:6] {
 		n := &Server{Addr: net.JoinHostPort("127.0.0.1", port), dir: tb.TempDir(), args: []string{
 			"--appendonly", "no", "--cluster-enabled", "yes", "--repl-diskless-sync-delay", "0",

@@ -13,22 +13,6 @@ import (
 	"github.com/sluicehq/sluice/internal/testkit"
 )
 
-// freePorts are n different loopback ports that were free a moment ago:
-// all held open at once, so that no two are the same.
-func freePorts(tb testing.TB, n int) []string {
-	tb.Helper()
-	ports := make([]string, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		defer ln.Close()
-		_, ports[i], _ = net.SplitHostPort(ln.Addr().String())
-	}
-	return ports
-}
-
 // MasterOf is the node that a live node says serves key's slot now.
 func (c *FailoverCluster) MasterOf(tb testing.TB, key string) *Server {
 	tb.Helper()

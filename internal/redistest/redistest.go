@@ -20,6 +20,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 func env(tb testing.TB, name string) string {
@@ -128,21 +130,10 @@ type Server struct {
 // when the test ends.
 func StartServer(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	s := &Server{Addr: freeAddr(tb), dir: tb.TempDir(), args: args}
+	s := &Server{Addr: testkit.FreeAddr(tb), dir: tb.TempDir(), args: args}
 	s.Start(tb)
 	tb.Cleanup(s.Kill)
 	return s
-}
-
-// freeAddr is a loopback address whose port nothing listens on now.
-func freeAddr(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // Start starts the server again after Kill; it returns once it answers PING

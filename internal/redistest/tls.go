@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"net"
 	"testing"
+
+	"github.com/sluicehq/sluice/internal/testkit"
 )
 
 // StartTLSServer starts a redis-server that serves TLS only (--port 0) on
@@ -12,7 +14,7 @@ import (
 // Start checks that it answers. It is stopped when the test ends.
 func StartTLSServer(tb testing.TB, client *tls.Config, args ...string) *Server {
 	tb.Helper()
-	addr := freeAddr(tb)
+	addr := testkit.FreeAddr(tb)
 	_, port, _ := net.SplitHostPort(addr)
 	// Later arguments win: these replace Start's --port.
 	args = append([]string{"--port", "0", "--tls-port", port}, args...)

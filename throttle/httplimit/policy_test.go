@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"log/slog"
-	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/testkit"
 	"github.com/sluicehq/sluice/throttle"
 )
 
@@ -20,12 +20,7 @@ import (
 // the limit (or its share) — and the metrics count every use. The log gets
 // one line per limit, and never an API key.
 func TestRedisDown(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testkit.FreeAddr(t) // nothing listens there
 	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 100 * time.Millisecond, DialerRetries: 1, DialerRetryTimeout: time.Millisecond})
 	t.Cleanup(func() { rdb.Close() })
 
