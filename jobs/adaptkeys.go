@@ -434,7 +434,7 @@ func adaptArgs(now string, l LimitConfig, t tallied, ttl time.Duration) []any {
 		fine = "1"
 	}
 	return []any{now, l.Adaptive.Min, l.Adaptive.Max, l.startRate(), l.RatePeriod().Microseconds(), t.ok, t.busy,
-		strconv.FormatFloat(t.stated, 'f', 6, 64), lowArg, int64(ttl / time.Second), fine}
+		strconv.FormatFloat(t.stated, 'f', 6, 64), lowArg, int64(ttl / time.Second), fine, adaptEvery.Microseconds()}
 }
 
 // parseAdapt reads adapt.lua's reply: the learned rate, and the cause of

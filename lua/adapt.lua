@@ -17,6 +17,7 @@
 -- ARGV[11] -> 1 if the limit in force may be a fraction of an event per
 --             period (a bucket's: jobs puts 1.8/s in force as 18/10s),
 --             else 0 (whole events per period)
+-- ARGV[12] -> µs between one worker's reports (jobs: adaptEvery)
 -- Output  -> {rate, rate before this call, cause of a change or "",
 --             recent successes per period, the limit in force (the rate
 --             rounded), µs when that limit was set, the ceiling (0: no
@@ -35,9 +36,10 @@
 --   share of the calls since the last cut (at least `refused` of them,
 --   and 5) within 3 s of it, its limit fell: the ceiling is what got
 --   through since the cut (the upstream's real rate, measured; one more
---   success if 1 to fewCounted - 1 got through), the rate 90% of that if
---   lower still. One burst of 429s counts once: a second
---   cut waits a second.
+--   success if 1 to fewCounted - 1 got through), or, if lower, the share
+--   that got through of the calls sent at the limit in force times it;
+--   the rate 90% of that if lower still. One burst of 429s counts once: a
+--   second cut waits a second.
 -- * While calls succeed and the rate is used (its recent successes, give
 --   or take the one event a count over a second is known to, at least
 --   `busyEnough` of it: an idle quota does not creep up), once a second:
@@ -63,6 +65,7 @@ local ok, busy = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stated, low = tonumber(ARGV[8]), ARGV[9] == '1'
 local ttl = tonumber(ARGV[10])
 local fine = ARGV[11] == '1'
+local every = tonumber(ARGV[12])
 
 local second = 1000000
 local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
@@ -93,7 +96,7 @@ local function clamp(x)
   return x
 end
 
-local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g', 'sb', 'pr', 'pa', 'fp')
+local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g', 'sb', 'pr', 'pa', 'fp', 'sf', 'bf')
 local r = clamp(tonumber(h[1]) or start)
 local ceiling = tonumber(h[2]) or 0
 local at = tonumber(h[3]) or 0      -- last change
@@ -110,6 +113,8 @@ local sinceBusy = tonumber(h[13]) or 0 -- calls refused since the last cut
 local held = tonumber(h[14]) or 0 -- the rate before the last raise: it held a second without a 429
 local probeAt = tonumber(h[15]) or 0 -- no probe past the ceiling before
 local failed = tonumber(h[16]) or 0 -- the last probe that failed, while the limit lies between it and the ceiling
+local sinceFresh = tonumber(h[17]) or 0 -- successes reported from `every` after the last cut on (see below)
+local busyFresh = tonumber(h[18]) or 0 -- and calls refused
 
 -- Successes over the last second, by whole seconds: the current one and the
 -- part of the one before that the last second still covers.
@@ -121,6 +126,9 @@ elseif elapsed >= second then
 end
 s = s + ok
 sinceCut = sinceCut + ok
+if limit > 0 and now - cut >= math.max(every, 2 * period / limit) then
+  sinceFresh, busyFresh = sinceFresh + ok, busyFresh + busy
+end
 sinceBusy = sinceBusy + busy
 local recent = (s + sp * math.max(0, 1 - (now - w) / second)) * period / second
 
@@ -145,9 +153,21 @@ elseif (busy > 0 or low) and now - cut >= second then
     -- of the count made the rate half the limit, and it grows back slowly).
     -- None is no measure: the upstream let nothing through (down, or
     -- blocking), and with no ceiling the rate grows back by growth.
+    -- That count overstates the rate right after a fall of the limit:
+    -- each worker's first report after the cut holds calls from before
+    -- it, when the upstream let more through (the rest of its burst; at a
+    -- fall from 50/s to 20/s it made 23/s, and the 429s went on for up to
+    -- 2.9 s). The calls in the reports from one report's time after the
+    -- cut on (or two calls' time at the limit in force, if longer) went
+    -- out at that limit: the share of them that got through, times the
+    -- limit, measures the rate without that error. Where they hold enough
+    -- successes, the lower of the two measures is taken.
     local got = sinceCut
     if got > 0 and got < fewCounted then got = got + 1 end
     ceiling = got * period / (now - cut)
+    if sinceFresh >= fewCounted then
+      ceiling = math.min(ceiling, limit * sinceFresh / (sinceFresh + busyFresh))
+    end
     r = math.min(beta * r, settle * ceiling)
     probeAt = now
   else
@@ -171,7 +191,7 @@ elseif (busy > 0 or low) and now - cut >= second then
     end
   end
   r = clamp(r)
-  cut, sinceCut, sinceBusy, k, held = now, 0, 0, 0, 0
+  cut, sinceCut, sinceBusy, sinceFresh, busyFresh, k, held = now, 0, 0, 0, 0, 0, 0
   cause = 'slow down'
   if busy == 0 then cause = 'allowance low' end
 elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and recent + period / second >= busyEnough * r then
@@ -209,7 +229,7 @@ local function num(x)
 end
 
 redis.call('HSET', key, 'r', string.format('%.6f', r), 'c', string.format('%.6f', ceiling), 'at', int(at), 'cut', int(cut),
-  'sc', int(sinceCut), 'sb', int(sinceBusy), 'pr', string.format('%.6f', held), 'pa', int(probeAt), 'fp', string.format('%.6f', failed), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
+  'sc', int(sinceCut), 'sf', int(sinceFresh), 'bf', int(busyFresh), 'sb', int(sinceBusy), 'pr', string.format('%.6f', held), 'pa', int(probeAt), 'fp', string.format('%.6f', failed), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
   'l', num(limit), 'g', int(limitAt))
 redis.call('EXPIRE', key, ttl)
 return {string.format('%.6f', r), string.format('%.6f', before), cause, string.format('%.6f', recent), num(limit), int(limitAt),
