@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -506,8 +507,14 @@ func TestLearnedFraction(t *testing.T) {
 // Each probe past such a limit is a 429, a lost call and a cut; probing 6 s
 // after each cut, as at 50/s, was a probe every dozen calls at 2/s (issue
 // 23's destinations of 2 and 3/s used 75 to 85% of their limits; here 6
-// calls answered 429 in 45 s at each rate). From 15 s on: at most 3 calls
-// answered 429 in 45 s, and at least 90% of the limit used.
+// calls answered 429 in 45 s at each rate). From 15 s on: at most 4 calls
+// answered 429 in 45 s, and at least 90% of the limit used. (Each rate is
+// one trajectory, and the first seconds' cuts decide when its limit
+// becomes known: at 5/s it was known after 2.5 s with a cut's ceiling
+// taken from the last second's successes, 3 answered 429 from 15 s on,
+// and after 7.5 s with one more success taken, 4. Over 40 seeds of calls
+// starting late, in force late, that change made the worst runs at 2 and
+// 3/s better: TestAdaptFewCallsLateLimit.)
 func TestAdaptFewCallsProbeRarely(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Client(t)
@@ -516,8 +523,8 @@ func TestAdaptFewCallsProbeRarely(t *testing.T) {
 		settledOK, settledBusy := fewCalls{hidden: hidden, length: run}.run(t, rdb)
 		used := float64(settledOK) / (hidden * (run - settle).Seconds())
 		t.Logf("%v/s: from %v on, %d successes (%.1f%% of the limit), %d answered 429", hidden, settle, settledOK, 100*used, settledBusy)
-		if settledBusy > 3 {
-			t.Errorf("%v/s: %d calls answered 429 in %v, want at most 3: the controller probes too often for so few calls", hidden, settledBusy, run-settle)
+		if settledBusy > 4 {
+			t.Errorf("%v/s: %d calls answered 429 in %v, want at most 4: the controller probes too often for so few calls", hidden, settledBusy, run-settle)
 		}
 		if used < 0.9 {
 			t.Errorf("%v/s: %.1f%% of the limit used from %v on, want at least 90%%", hidden, 100*used, settle)
@@ -557,13 +564,46 @@ func TestAdaptFewCallsStartLate(t *testing.T) {
 	}
 }
 
+// TestAdaptFewCallsLateLimit: TestAdaptFewCallsProbeRarely's destinations
+// of 2, 3 and 5 calls a second, the calls 5 ms late on average, and each
+// learned limit in force half a second after the report that read it, as
+// a fleet's is at a few calls a second (the next call, or the one after,
+// books by it): 40 seeds each, from 15 s to 35 s, at least 80% of the limit
+// used in every run. A late call's lone 429 a second after a cut, when no
+// rate had held since, took the ceiling from the successes of the last
+// second: one, at 2/s, where a count over a second is known to one event;
+// the rate went to 1.3/s and the ceiling to 1/s (on that code the worst
+// runs used 75% at 2/s, 78% at 3/s and 80% at 5/s, 4 runs under 80%; now
+// 82, 80 and 81%).
+func TestAdaptFewCallsLateLimit(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	for _, hidden := range []float64{2, 3, 5} {
+		var worst, sum float64
+		for seed := range 40 {
+			settledOK, _ := fewCalls{hidden: hidden, late: 5 * time.Millisecond, lag: 500 * time.Millisecond, seed: uint64(seed), length: 35 * time.Second}.run(t, rdb)
+			used := float64(settledOK) / (hidden * 20)
+			sum += used
+			if seed == 0 || used < worst {
+				worst = used
+			}
+			if used < 0.8 {
+				t.Errorf("%v/s, seed %d: %.0f%% of the limit used from 15s to 35s, want at least 80%%", hidden, seed, 100*used)
+			}
+		}
+		t.Logf("%v/s, the limit in force 0.5 s late: %.1f%% of the limit used on average from 15s to 35s, %.0f%% in the worst of 40 runs", hidden, 100*sum/40, 100*worst)
+	}
+}
+
 // fewCalls is the fleet of TestAdaptFewCallsProbeRarely: one key value's
 // controller against a hidden limit of hidden calls a second (a burst of
 // 1), the calls sent at the limit in force, evenly, each starting late by
-// an exponential time of mean late (seeded), for length.
+// an exponential time of mean late (seeded), for length; a limit read back
+// is in force lag later (0: from the next step).
 type fewCalls struct {
 	hidden float64
 	late   time.Duration
+	lag    time.Duration
 	seed   uint64
 	length time.Duration
 }
@@ -578,10 +618,18 @@ func (f fewCalls) run(t *testing.T, rdb redis.UniversalClient) (settledOK, settl
 	const step, every = time.Millisecond, 250 * time.Millisecond
 	up := &hiddenBucket{limit: f.hidden, tokens: 1}
 	limit, owed := 10.0, 0.0
+	type change struct {
+		at    time.Duration
+		limit float64
+	}
+	var changes []change
 	var ok, busy int
 	var starts []time.Duration // of the calls sent, in order
 	for at := time.Duration(0); at < f.length; at += step {
 		up.advance(step)
+		for len(changes) > 0 && changes[0].at <= at {
+			limit, changes = changes[0].limit, changes[1:]
+		}
 		for owed += limit * step.Seconds(); owed >= 1; owed-- {
 			starts = append(starts, at+time.Duration(rng.ExpFloat64()*float64(f.late)))
 		}
@@ -606,9 +654,14 @@ func (f fewCalls) run(t *testing.T, rdb redis.UniversalClient) (settledOK, settl
 			if err != nil {
 				t.Fatal(err)
 			}
-			if limit, err = strconv.ParseFloat(reply[4], 64); err != nil {
+			if os.Getenv("XPTRACE") != "" && reply[2] != "" && f.hidden == 5 {
+				t.Logf("%6.2fs ok=%d busy=%d %s -> %s %s limit %s ceiling %s", at.Seconds(), ok, busy, reply[1], reply[0], reply[2], reply[4], reply[6])
+			}
+			read, err := strconv.ParseFloat(reply[4], 64)
+			if err != nil {
 				t.Fatal(err)
 			}
+			changes = append(changes, change{at + f.lag, read})
 			ok, busy = 0, 0
 		}
 	}
