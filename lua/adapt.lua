@@ -32,14 +32,14 @@
 -- * "Slow down" (a 429 or 503, or an allowance nearly used up) cuts the
 --   rate to 90% (settle) of the ceiling, the rate before the last raise
 --   (it held a second without a "slow down"; none known: the successes
---   of the last second, and one more), by beta at most. If the upstream refused a real
---   share of the calls since the last cut (at least `refused` of them,
---   and 5) within 3 s of it, its limit fell: the ceiling is what got
---   through since the cut (the upstream's real rate, measured; one more
---   success if 1 to fewCounted - 1 got through), or, if lower, the share
---   that got through of the calls sent at the limit in force times it;
---   the rate 90% of that if lower still. One burst of 429s counts once: a
---   second cut waits a second.
+--   of the last second, and one more), by beta at most. If the upstream
+--   refused a real share of the calls since the last cut (at least
+--   `refused` of them, and 5) within 3 s of it, its limit fell: the
+--   ceiling is what got through since the cut (the upstream's real rate,
+--   measured; one more success if 1 to fewCounted - 1 got through), or,
+--   if lower, the share that got through of the calls sent at the limit
+--   in force times it; the rate 90% of that if lower still. One burst of
+--   429s counts once: a second cut waits a second.
 -- * While calls succeed and the rate is used (its recent successes, give
 --   or take the one event a count over a second is known to, at least
 --   `busyEnough` of it: an idle quota does not creep up), once a second:
@@ -65,7 +65,7 @@ local ok, busy = tonumber(ARGV[6]), tonumber(ARGV[7])
 local stated, low = tonumber(ARGV[8]), ARGV[9] == '1'
 local ttl = tonumber(ARGV[10])
 local fine = ARGV[11] == '1'
-local every = tonumber(ARGV[12])
+local every = tonumber(ARGV[12]) or 0
 
 local second = 1000000
 local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
