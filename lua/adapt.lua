@@ -32,7 +32,7 @@
 -- * "Slow down" (a 429 or 503, or an allowance nearly used up) cuts the
 --   rate to 90% (settle) of the ceiling, the rate before the last raise
 --   (it held a second without a "slow down"; none known: the successes
---   of the last second, and one more), by beta at most. If the upstream
+--   of the last second, one more if 1 to fewCounted - 1), by beta at most. If the upstream
 --   refused a real share of the calls since the last cut (at least
 --   `refused` of them, and 5) within 3 s of it, its limit fell: the
 --   ceiling is what got through since the cut (the upstream's real rate,
@@ -145,10 +145,13 @@ elseif (busy > 0 or low) and now - cut >= second then
   -- rate held there that meets a "slow down" met a limit that fell).
   local probed = held > 0 and ceiling > 0 and r > near * ceiling * 1.000001 -- (r and the ceiling are kept to 6 decimals)
   -- With no rate held since the last cut, the ceiling is what got through
-  -- over the last second, give or take the one event such a count is
-  -- known to: the upper end (at 2/s a late call's lone 429 a second after
-  -- a cut found one success there, and took the limit for 1/s).
-  ceiling = math.min(r, held > 0 and held or recent + period / second)
+  -- over the last second; of a few events (1 to fewCounted - 1), give or
+  -- take the one such a count is known to, the upper end, as a measured
+  -- cut takes it (at 2/s a late call's lone 429 a second after a cut
+  -- found one success there, and took the limit for 1/s).
+  local got = recent
+  if got > 0 and got * second / period < fewCounted then got = got + period / second end
+  ceiling = math.min(r, held > 0 and held or got)
   if cut > 0 and now - cut < 3 * second and sinceBusy >= 5 and sinceBusy >= refused * (sinceCut + sinceBusy) then
     -- Still refused a real share of the calls since the last cut: what
     -- got through since then is the upstream's rate now.
