@@ -149,9 +149,9 @@ elseif (busy > 0 or low) and now - cut >= second then
   -- take the one such a count is known to, the upper end, as a measured
   -- cut takes it (at 2/s a late call's lone 429 a second after a cut
   -- found one success there, and took the limit for 1/s).
-  local got = recent
-  if got > 0 and got * second / period < fewCounted then got = got + period / second end
-  ceiling = math.min(r, held > 0 and held or got)
+  local seen = recent
+  if seen > 0 and seen * second / period < fewCounted then seen = seen + period / second end
+  ceiling = math.min(r, held > 0 and held or seen)
   if cut > 0 and now - cut < 3 * second and sinceBusy >= 5 and sinceBusy >= refused * (sinceCut + sinceBusy) then
     -- Still refused a real share of the calls since the last cut: what
     -- got through since then is the upstream's rate now.
