@@ -50,13 +50,13 @@ func FreePort(tb testing.TB) int {
 func ReservePort() (port int, release func(), err error) {
 	dir := filepath.Join(os.TempDir(), "sluice-test-ports")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
-		return 0, nil, err
+		return 0, nil, fmt.Errorf("testkit: the directory of the port locks: %w", err)
 	}
 	for range 1000 {
 		port := lowPort + rand.IntN(highPort-lowPort)
 		lock, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, fmt.Errorf("testkit: a port's lock file: %w", err)
 		}
 		// flock locks belong to the open file: a second open of the same
 		// file in this process is refused too.
@@ -72,5 +72,5 @@ func ReservePort() (port int, release func(), err error) {
 		ln.Close()
 		return port, func() { lock.Close() }, nil
 	}
-	return 0, nil, fmt.Errorf("no free port in [%d, %d) after 1000 tries", lowPort, highPort)
+	return 0, nil, fmt.Errorf("testkit: no free port in [%d, %d) after 1000 tries: other tests hold them, or other servers listen there", lowPort, highPort)
 }
