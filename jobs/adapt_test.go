@@ -30,9 +30,9 @@ type controller struct {
 }
 
 type adaptReply struct {
-	rate, before float64
-	cause        string
-	limit        int
+	rate, before, ceiling float64
+	cause                 string
+	limit                 int
 }
 
 func newController(t *testing.T) *controller {
@@ -55,7 +55,8 @@ func (c *controller) report(d time.Duration, ok, busy int, stated float64, low b
 	rate, _ := strconv.ParseFloat(reply[0], 64)
 	before, _ := strconv.ParseFloat(reply[1], 64)
 	limit, _ := strconv.Atoi(reply[4])
-	return adaptReply{rate: rate, before: before, cause: reply[2], limit: limit}
+	ceiling, _ := strconv.ParseFloat(reply[6], 64)
+	return adaptReply{rate: rate, before: before, ceiling: ceiling, cause: reply[2], limit: limit}
 }
 
 // hiddenBucket is an upstream's own limit: limit a second, a burst of a
@@ -437,6 +438,43 @@ func TestAdaptiveConfigProblems(t *testing.T) {
 				t.Fatalf("problems at %v, want one at %q", keys, tc.key)
 			}
 		})
+	}
+}
+
+// TestAdaptProbeAfterNarrowedSearch: after a probe failed, the next
+// probes go halfway to it; one that holds within 5% of it spends that
+// bound, and probing starts again as after any ceiling: 4% of the ceiling,
+// doubling. The controller alone, one report a second, against an upstream
+// that lets 50 calls a second through and refuses the rest: the first
+// raise from within 5% under the last refused rate, after that refusal, is
+// at most 4% of the ceiling. The narrowed search's doubling steps were
+// carried on past it: at 49.6/s under a refused 51.4/s, a raise to 53.6/s
+// (8% of the ceiling), in each of the 4 searches of the run.
+func TestAdaptProbeAfterNarrowedSearch(t *testing.T) {
+	t.Parallel()
+	c := newController(t)
+	const hidden = 50.0
+	var refusedAt float64 // the last rate the upstream refused calls at
+	checked, firstSince := 0, false
+	r := 30.0
+	for at := time.Second; at <= 90*time.Second; at += time.Second {
+		calls := math.Floor(r)
+		ok := math.Min(calls, hidden)
+		got := c.report(at, int(ok), int(calls-ok), 0, false)
+		if calls > ok {
+			refusedAt, firstSince = r, true
+		} else if got.cause == "successes" && firstSince && got.before < refusedAt && got.before >= refusedAt/1.05 {
+			firstSince = false
+			checked++
+			if step := got.rate - got.before; step > 0.04*got.ceiling*1.0001 {
+				t.Errorf("at %v: raised from %.2f to %.2f (by %.1f%% of the ceiling %.2f), within 5%% under the refused %.2f: want at most 4%% of the ceiling",
+					at, got.before, got.rate, 100*step/got.ceiling, got.ceiling, refusedAt)
+			}
+		}
+		r = got.rate
+	}
+	if checked < 3 {
+		t.Fatalf("%d raises from within 5%% under a refused rate in 90 s, want several to check", checked)
 	}
 }
 

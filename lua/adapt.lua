@@ -213,8 +213,12 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
     elseif failed > 0 then
       -- This rate held within `known` of the probe that failed: the bound
       -- is spent, and probes go as before (a limit that rose is found as
-      -- fast; one that did not fails again, and is known at that cut).
-      failed = 0
+      -- fast; one that did not fails again, and is known at that cut),
+      -- from their first step: the steps of the narrowed search are not
+      -- carried on (a step of 8 or 16% of the ceiling just under a rate
+      -- that failed).
+      failed, k = 0, 0
+      step = 0.04 * ceiling
     end
     r = r + step
     k = k + 1
