@@ -207,10 +207,7 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
   elseif r < 0.999 * near * ceiling then -- (r is kept to 6 decimals)
     r = math.min(near * ceiling, r + math.max((near * ceiling - r) / 2, 0.01 * ceiling))
   elseif now >= statedUntil and now >= probeAt then
-    local step = math.min(0.04 * ceiling * 2 ^ k, ceiling)
-    if failed > r and failed - r >= known * r then
-      step = math.min(step, (failed - r) / 2) -- halfway to the probe that failed
-    elseif failed > 0 then
+    if failed > 0 and failed - r < known * r then
       -- This rate held within `known` of the probe that failed: the bound
       -- is spent, and probes go as before (a limit that rose is found as
       -- fast; one that did not fails again, and is known at that cut),
@@ -218,7 +215,10 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
       -- carried on (a step of 8 or 16% of the ceiling just under a rate
       -- that failed).
       failed, k = 0, 0
-      step = 0.04 * ceiling
+    end
+    local step = math.min(0.04 * ceiling * 2 ^ k, ceiling)
+    if failed > 0 then
+      step = math.min(step, (failed - r) / 2) -- halfway to the probe that failed
     end
     r = r + step
     k = k + 1
