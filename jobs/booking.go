@@ -34,7 +34,10 @@ type booker struct {
 	log     *slog.Logger
 	clock   schedClock
 	lines   lineViews // the backlog lines' tails, as last read (backlog.go)
-	holding sync.Map  // queue -> *atomic.Int64: tasks waiting in this worker (see hold)
+	// handsOver: the parker parks (the limits and the queues are on one
+	// server), and a fresh task may be handed to it (toParker).
+	handsOver bool
+	holding   sync.Map // queue -> *atomic.Int64: tasks waiting in this worker (see hold)
 	// logGate: a Redis failure is logged once every 10 seconds per queue.
 	logGate throttle.Limiter
 	// keyLogGate: a failed key expression is logged once a minute per limit.
@@ -56,7 +59,7 @@ type bookedTurns struct {
 }
 
 // outcome is what a task's gates decided, one of: runNow, turnAhead,
-// notedIn, askAgainIn, waitInLine. process is a switch over it.
+// notedIn, askAgainIn, waitInLine, toParker. process is a switch over it.
 type outcome interface{ outcome() }
 
 // runNow: the task's turns have come (lent, booked for now, or it has no
@@ -91,11 +94,29 @@ type askAgainIn struct{ d time.Duration }
 // the task waits in its key's line until the queue's waker lets it out.
 type waitInLine struct{ spot *lineSpot }
 
+// toParker: the task, fresh, draws on a quota other queues may share, and
+// its turn is further than handOverWithin: it books nothing and goes back
+// to Redis unbooked, handed to the parker, which books it with the rest of
+// its queue's backlog, the queues in turn by priority (park.go). Booked
+// here, in the order the fleet's slots happen to take tasks (asynq picks a
+// queue at random for each), a first take of tens of tasks would book
+// seconds of the quota out of that turn, and a queue held back by its own
+// drain would find the quota's turns after its drain's taken by the
+// others: in TestPlanSharedQuota a queue ended up to 10% later than its
+// plan, which takes the queues in turn.
+type toParker struct{}
+
+// handOverWithin is the furthest turn a worker books a fresh task of a
+// shared quota (toParker): what the fleet's first take books out of the
+// queues' turn, at most.
+const handOverWithin = 250 * time.Millisecond
+
 func (runNow) outcome()     {}
 func (turnAhead) outcome()  {}
 func (notedIn) outcome()    {}
 func (askAgainIn) outcome() {}
 func (waitInLine) outcome() {}
+func (toParker) outcome()   {}
 
 // taskRef is what a task's path reads of the task, once, as it starts.
 type taskRef struct {
@@ -112,6 +133,10 @@ type taskRef struct {
 	// parked: the parker books it (park.go), not a worker: it is lent no
 	// turn, which could not be given back if it has come.
 	parked bool
+	// handed: a worker handed it to the parker (toParker), after a booking
+	// refused that counted it throttled: its booking by the parker counts
+	// it again only if refused.
+	handed bool
 	// notBefore: its turns come no earlier (on the limiters' clock; zero:
 	// now). A task the parker books that keeps a turn come already books
 	// it requeueLead ahead, as every task in Redis is due back that long
@@ -202,6 +227,13 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 	if r.adaptive {
 		reserveMax = min(reserveMax, adaptiveReserve)
 	}
+	// A fresh task whose quota other queues may share books only a turn
+	// within handOverWithin; a further one is the parker's (toParker).
+	handOver := b.handsOver && task.fresh && !task.parked && backlogs && !lineAhead &&
+		len(r.quotas) > 0 && len(gs.cfg.Queues) > 1
+	if handOver {
+		reserveMax = min(reserveMax, handOverWithin)
+	}
 	var opts []throttle.BookOption
 	if lineAhead {
 		// A task back for its ticket (it looks fresh: waiting is no
@@ -212,6 +244,8 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 		// (it comes back requeueLead early): counted again only if
 		// refused.
 		reserveMax = b.holdsUpTo(ctx, gs, task)
+	}
+	if lineAhead || task.handed {
 		opts = append(opts, throttle.RecentRefusalsOnly())
 	}
 	var spot *lineSpot
@@ -295,6 +329,10 @@ func (b *booker) bookTurn(ctx context.Context, gs *gateSet, task taskRef, letOut
 			if turn.Delay > bk.Turns[refused].Delay {
 				refused = i
 			}
+		}
+		if handOver {
+			b.metrics.decisions.WithLabelValues(claims[refused].g.name, "deferred").Inc()
+			return toParker{}, nil
 		}
 		if backlogs {
 			if o, ok := b.deferToLine(ctx, task, line, lineAhead, claims[refused], cost, bk); ok {

@@ -73,7 +73,11 @@ type parker struct {
 	mu      sync.Mutex
 	asked   map[string]bool // queues to look at
 	booking time.Duration   // how long a booking takes, lately
-	signal  chan struct{}
+	// handed: this worker handed tasks to the parker (toParker) since it
+	// last parked: if another worker parks, this one tries again soon,
+	// for that one may be done before it sees them.
+	handed bool
+	signal chan struct{}
 }
 
 func newParker(deps fleetDeps, b *booker) *parker {
@@ -91,6 +95,15 @@ func (p *parker) ask(queue string) {
 	}
 }
 
+// askHanded has the parker look at queue, whose task this worker handed
+// to it (Scheduler.handToParker).
+func (p *parker) askHanded(queue string) {
+	p.mu.Lock()
+	p.handed = true
+	p.mu.Unlock()
+	p.ask(queue)
+}
+
 func (p *parker) run(ctx context.Context) {
 	for {
 		select {
@@ -98,9 +111,40 @@ func (p *parker) run(ctx context.Context) {
 			return
 		case <-p.signal:
 		}
-		p.parkBacklogs(ctx)
+		if parked := p.parkBacklogs(ctx); !parked && p.stillHanded() {
+			// Another worker parks: it looks at the handed lists once a
+			// second while it does, and this one claims the parking
+			// itself once that one is done.
+			time.AfterFunc(handedRetry, func() {
+				select {
+				case p.signal <- struct{}{}:
+				default:
+				}
+			})
+		}
 	}
 }
+
+// stillHanded reports whether this worker handed tasks to the parker that
+// it has not parked since.
+func (p *parker) stillHanded() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.handed
+}
+
+const (
+	// handedRetry is how soon a worker that handed tasks to the parker
+	// tries to park again when another worker was parking.
+	handedRetry = 500 * time.Millisecond
+	// handedLook is how often a parking looks for tasks handed over for
+	// the queues it parks.
+	handedLook = 20 * time.Millisecond
+	// handedLife: a queue's handed list is kept this long after its last
+	// task was put on it (its tasks come back by themselves after
+	// parkHold).
+	handedLife = time.Minute
+)
 
 // takeAsked returns the queues asked for since the last call.
 func (p *parker) takeAsked() []string {
@@ -196,6 +240,10 @@ func handedSharing(backlogs []*backlog, b *backlog) []string {
 type parkedTask struct {
 	id string
 	m  taskMessage
+	// handed: a worker handed it over (toParker), its throttling counted
+	// by that worker's refused booking: it books alone, counted again
+	// only if refused (a series or a run of tickets counts each task).
+	handed bool
 }
 
 // parkBacklogs parks the backlogs of the queues asked for (and of any
@@ -204,7 +252,7 @@ type parkedTask struct {
 // robin, as asynq's workers take them on average), so that queues sharing
 // a quota share it as the workers would have shared it, and each queue's
 // tasks book in the order they were queued.
-func (p *parker) parkBacklogs(ctx context.Context) {
+func (p *parker) parkBacklogs(ctx context.Context) (parked bool) {
 	claim := parkClaim(p.gates().cfg.Queues)
 	ok, err := p.rdb.SetNX(ctx, claim, p.worker, parkLease).Result()
 	if err != nil && ctx.Err() == nil {
@@ -213,8 +261,11 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		}
 	}
 	if err != nil || !ok {
-		return // another worker parks: it is asked by its own tasks
+		return false // another worker parks: it is asked by its own tasks
 	}
+	p.mu.Lock()
+	p.handed = false // what was handed is on the lists this parking reads
+	p.mu.Unlock()
 	defer p.rdb.Del(context.WithoutCancel(ctx), claim)
 	var notes parkNotes
 	defer p.writeNotes(context.WithoutCancel(ctx), &notes)
@@ -237,11 +288,24 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 	// Every queue with tasks pending joins from the start, not only those
 	// whose tasks were sent back: queues that share a quota book on it in
 	// turn from its first booking on.
+	// A queue whose tasks were handed over (toParker) has its gates booked
+	// ahead too: in bulk. One done already, or whose head is drained,
+	// takes them.
+	joinHanded := func(gs *gateSet, queues []string) {
+		for _, b := range backlogs {
+			if !b.done && slices.Contains(queues, b.queue) {
+				b.drained = false
+			}
+		}
+		join(gs, queues, true)
+	}
 	gs := p.gates()
 	join(gs, p.takeAsked(), true)
-	join(gs, p.backlogged(ctx), false)
-	looked := p.clock.Now()
-	for parked := 0; parked < parkMost; {
+	pending, handed := p.backlogged(ctx)
+	joinHanded(gs, handed)
+	join(gs, pending, false)
+	looked, lookedHanded := p.clock.Now(), p.clock.Now()
+	for count := 0; count < parkMost; {
 		if now := p.clock.Now(); now.Sub(renewed) > parkLease/3 {
 			p.rdb.PExpire(ctx, claim, parkLease)
 			renewed = now
@@ -249,18 +313,41 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 		gs := p.gates()
 		join(gs, p.takeAsked(), true)
 		if now := p.clock.Now(); now.Sub(looked) > time.Second {
-			join(gs, p.backlogged(ctx), false) // queues backlogged since
-			looked = now
+			pending, handed := p.backlogged(ctx) // queues backlogged since
+			joinHanded(gs, handed)
+			join(gs, pending, false)
+			looked, lookedHanded = now, now
+		} else if now.Sub(lookedHanded) > handedLook {
+			// The tasks a worker was booking as this parking took its
+			// queue's pending list are handed over a moment later: they
+			// go before the queue's tasks not booked yet.
+			p.lookHanded(ctx, backlogs)
+			lookedHanded = now
 		}
 		b := pickBacklog(backlogs)
 		if b == nil {
-			return
+			// Tasks handed over since the last look are parked before the
+			// claim goes.
+			pending, handed := p.backlogged(ctx)
+			if len(handed) == 0 {
+				return true
+			}
+			joinHanded(gs, handed)
+			join(gs, pending, false)
+			looked = p.clock.Now()
+			continue
 		}
 		// Taken ahead of the bookings, so that the workers, finding the
 		// queue's head empty, do not take its tasks one by one meanwhile;
 		// but one task alone first where none was sent back, whose booking
 		// may find the gates have room (the queue is then the workers').
 		for !b.drained && len(b.moved) < parkAhead && (b.booked > 0 || b.sentBack || len(b.moved) == 0) {
+			// Tasks handed over were taken off the queue's head before
+			// anything its pending list holds now: they book first.
+			if handed := p.takeHanded(ctx, gs, b); len(handed) > 0 {
+				b.moved = append(handed, b.moved...)
+				b.sentBack = true
+			}
 			moved, err := p.take(ctx, gs, b)
 			if err != nil && ctx.Err() == nil {
 				p.log.Warn("cannot park a queue's backlog; its workers take the tasks one by one", "queue", b.queue, "err", err)
@@ -278,7 +365,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 				run = p.seriesRun
 			}
 			if n := run(ctx, gs, b, &notes); n > 0 {
-				parked += n
+				count += n
 				b.booked += n
 				continue
 			}
@@ -297,10 +384,10 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			keep = sharesWithBulk(backlogs, b)
 		}
 		began := time.Now()
-		spot, ok := p.book(ctx, gs, b.queue, t.id, t.m, keep)
+		spot, ok := p.book(ctx, gs, b.queue, t, keep)
 		p.booked(time.Since(began))
 		p.note(ctx, &notes, b.queue, t.id, spot, spot.now)
-		parked++
+		count++
 		b.booked++
 		b.line, b.turns, b.claims, b.gates = spot.line, ok && spot.ahead && spot.line == nil && !keep, "", gs
 		if b.line != nil || b.turns {
@@ -334,6 +421,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 			b.moved, b.done, b.handed = nil, true, true
 		}
 	}
+	return true
 }
 
 // ticketRun gives the tasks at the head of b's taken tasks that claim
@@ -347,7 +435,7 @@ func (p *parker) parkBacklogs(ctx context.Context) {
 // books, as the first of a run does).
 func (p *parker) ticketRun(ctx context.Context, gs *gateSet, b *backlog, notes *parkNotes) int {
 	n := 0
-	for n < len(b.moved) && n < parkTicketRun && b.claims != "" && p.claimsKey(gs, b.queue, b.moved[n]) == b.claims {
+	for n < len(b.moved) && n < parkTicketRun && b.claims != "" && !b.moved[n].handed && p.claimsKey(gs, b.queue, b.moved[n]) == b.claims {
 		n++
 	}
 	if n == 0 {
@@ -394,7 +482,7 @@ const parkTicketRun = 256
 // would hold for), or Redis failed.
 func (p *parker) seriesRun(ctx context.Context, gs *gateSet, b *backlog, notes *parkNotes) int {
 	n := 0
-	for n < len(b.moved) && n < parkSeriesRun && b.claims != "" && p.claimsKey(gs, b.queue, b.moved[n]) == b.claims {
+	for n < len(b.moved) && n < parkSeriesRun && b.claims != "" && !b.moved[n].handed && p.claimsKey(gs, b.queue, b.moved[n]) == b.claims {
 		n++
 	}
 	b.turns = false // the next task books alone unless this run books all n
@@ -487,24 +575,113 @@ func (p *parker) claimsKey(gs *gateSet, queue string, t parkedTask) string {
 // them costs three script runs where a parked one costs one.
 const parkAhead = 1 << 17
 
-// backlogged lists the queues of the config in force with tasks pending.
-func (p *parker) backlogged(ctx context.Context) []string {
+// backlogged lists the queues of the config in force with tasks pending,
+// and those with tasks handed to the parker (toParker).
+func (p *parker) backlogged(ctx context.Context) (pending, handed []string) {
 	queues := slices.Sorted(maps.Keys(p.gates().cfg.Queues))
 	pipe := p.queues.Pipeline()
 	lens := make([]*redis.IntCmd, len(queues))
+	handedLens := make([]*redis.IntCmd, len(queues))
 	for i, q := range queues {
 		lens[i] = pipe.LLen(ctx, asynqKeys(q)+"pending")
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil
-	}
-	var backlogged []string
-	for i, q := range queues {
-		if lens[i].Val() > 0 {
-			backlogged = append(backlogged, q)
+		if len(queues) > 1 { // none is handed over where one queue is all
+			handedLens[i] = pipe.LLen(ctx, handedKey(q))
 		}
 	}
-	return backlogged
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil
+	}
+	for i, q := range queues {
+		if lens[i].Val() > 0 {
+			pending = append(pending, q)
+		}
+		if handedLens[i] != nil && handedLens[i].Val() > 0 {
+			handed = append(handed, q)
+		}
+	}
+	return pending, handed
+}
+
+// lookHanded has each backlog of a parking take the tasks handed over for
+// its queue since it last took (takeHanded), however drained its queue's
+// pending list: one LLEN each, in one round trip.
+func (p *parker) lookHanded(ctx context.Context, backlogs []*backlog) {
+	if len(p.gates().cfg.Queues) < 2 {
+		return
+	}
+	pipe := p.queues.Pipeline()
+	lens := map[*backlog]*redis.IntCmd{}
+	for _, b := range backlogs {
+		if !b.done && b.drained {
+			lens[b] = pipe.LLen(ctx, handedKey(b.queue))
+		}
+	}
+	if len(lens) == 0 {
+		return
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return // the look of the next second sees them
+	}
+	for b, n := range lens {
+		if n.Val() > 0 {
+			b.drained = false
+		}
+	}
+}
+
+// takeHanded takes the tasks workers handed over for b's queue (toParker),
+// up to parkBatch, the first handed first. A task is taken while asynq
+// has it active (its worker is sending it back), in its retry set (sent
+// back) or scheduled (a copy, for one with no retry left); one back since,
+// done or deleted is left alone.
+func (p *parker) takeHanded(ctx context.Context, gs *gateSet, b *backlog) []parkedTask {
+	if len(gs.cfg.Queues) < 2 {
+		return nil
+	}
+	ids, err := p.queues.LPopCount(ctx, handedKey(b.queue), parkBatch).Result()
+	if err != nil || len(ids) == 0 {
+		if err != nil && err != redis.Nil && ctx.Err() == nil {
+			p.log.Warn("cannot read the tasks handed to the parker; asynq brings them back after parkHold", "queue", b.queue, "err", err)
+		}
+		return nil
+	}
+	prefix := asynqKeys(b.queue)
+	pipe := p.queues.Pipeline()
+	fields := make([]*redis.SliceCmd, len(ids))
+	for i, id := range ids {
+		fields[i] = pipe.HMGet(ctx, prefix+"t:"+id, "msg", "state")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		if ctx.Err() == nil {
+			p.log.Warn("cannot read the tasks handed to the parker; asynq brings them back after parkHold", "queue", b.queue, "err", err)
+		}
+		return nil
+	}
+	var taken []parkedTask
+	for i, id := range ids {
+		msg, _ := fields[i].Val()[0].(string)
+		state, _ := fields[i].Val()[1].(string)
+		if state != "active" && state != "retry" && state != "scheduled" {
+			continue
+		}
+		// As its worker handed it: fresh but for the wait's message (or a
+		// copy of it, unbooked: one with no retry left).
+		m, ok := decodeTaskMessage([]byte(msg))
+		if !ok || m.retried != 0 || len(gs.routeOf(b.queue, m.typ).gates) == 0 {
+			continue // not as it was handed: asynq brings it back
+		}
+		if !gs.routeOf(b.queue, m.typ).keyed {
+			m.payload = nil // not read to book it
+		}
+		taken = append(taken, parkedTask{id: id, m: m, handed: true})
+		if b.quotas == nil {
+			b.quotas = map[string]bool{}
+		}
+		for _, g := range gs.routeOf(b.queue, m.typ).quotas {
+			b.quotas[g.name] = true
+		}
+	}
+	return taken // counted throttled as its worker handed it over
 }
 
 // parkMost bounds the tasks one parking books (the next fresh task sent
@@ -574,7 +751,7 @@ func (p *parker) take(ctx context.Context, gs *gateSet, b *backlog) ([]parkedTas
 		if !r.keyed {
 			m.payload = nil // not read to book it: not held while it waits
 		}
-		candidates = append(candidates, parkedTask{id, m})
+		candidates = append(candidates, parkedTask{id: id, m: m})
 		args = append(args, id)
 	}
 	if len(candidates) == 0 {
@@ -709,9 +886,9 @@ type parkSpot struct {
 // it claims the turn kept under its booking ID; due back for a turn that
 // had come, it would find the turn passed and book again, a turn lost),
 // and ok is true.
-func (p *parker) book(ctx context.Context, gs *gateSet, queue, id string, m taskMessage, keep bool) (parkSpot, bool) {
-	t := asynq.NewTaskWithHeaders(m.typ, m.payload, m.headers)
-	task := taskRef{t: t, queue: queue, id: id, booking: bookingID(queue, id, t), fresh: true, parked: true}
+func (p *parker) book(ctx context.Context, gs *gateSet, queue string, pt parkedTask, keep bool) (parkSpot, bool) {
+	t := asynq.NewTaskWithHeaders(pt.m.typ, pt.m.payload, pt.m.headers)
+	task := taskRef{t: t, queue: queue, id: pt.id, booking: bookingID(queue, pt.id, t), fresh: true, parked: true, handed: pt.handed}
 	now := p.booker.lines.limitersNow(p.clock.Now())
 	if keep {
 		task.notBefore = time.UnixMicro(now).Add(requeueLead)

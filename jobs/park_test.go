@@ -563,6 +563,66 @@ func TestParkTakesBackAQueue(t *testing.T) {
 	}
 }
 
+// TestFirstTakeLeavesASharedQuotaToTheParker (issue 22): two queues share
+// a quota of 20/s, one of them held back by its own drain (5/s). The
+// fleet's first take happens to be 20 tasks of the other queue before any
+// of the first (asynq picks a queue at random for each slot). Those whose
+// turn is further than handOverWithin book nothing: they are handed to the
+// parker, which books the queues' backlogs in turn. So the first take
+// books the quota at most handOverWithin ahead, and the drained queue's
+// first task is not behind all 20. Booked as taken, they held the quota's
+// first second: in TestPlanSharedQuota the drained queue ended up to 10%
+// later than its plan, which takes the queues in turn.
+func TestFirstTakeLeavesASharedQuotaToTheParker(t *testing.T) {
+	t.Parallel()
+	drained, other := redistest.Queue(t, "drained"), redistest.Queue(t, "other")
+	api := redistest.Queue(t, "api") // a quota of its own: tests run side by side
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{
+			drained: {Drain: &LimitConfig{Algorithm: "leaky_bucket", Limit: 5, Period: time.Second, Burst: 1}},
+			other:   {},
+		},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 20, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
+	})
+	ctx := context.Background()
+	take := func(queue, id string) outcome {
+		t.Helper()
+		task := asynq.NewTask("test:api", nil)
+		o, err := s.booker.book(ctx, s.gates.Load(), taskRef{t: task, queue: queue, id: id, booking: bookingID(queue, id, task), fresh: true}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	handed := 0
+	for i := range 20 {
+		if _, ok := take(other, fmt.Sprint("other-", i)).(toParker); ok {
+			handed++
+		}
+	}
+	// Where the quota's next turn is now: a probe's booking.
+	quota := s.gates.Load().routeOf(other, "test:api").claims[0]
+	probe, err := throttle.Book(ctx, []throttle.Claim{{Limiter: quota.lim, Key: quota.key, N: 1, ID: "probe"}}, time.Time{}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const interval = 50 * time.Millisecond
+	if probe.Delay > handOverWithin+interval {
+		t.Errorf("after the first take of 20 tasks of one queue (%d handed to the parker), the shared quota's next turn is %v ahead; want at most %v: the rest is the parker's, booked with the other queue's in turn",
+			handed, probe.Delay.Round(time.Millisecond), handOverWithin+interval)
+	}
+	switch o := take(drained, "drained-0").(type) {
+	case runNow, toParker:
+	case turnAhead:
+		if wait := time.Until(o.ready); wait > handOverWithin {
+			t.Errorf("the drained queue's first task, taken after them, waits %v; want at most %v", wait.Round(time.Millisecond), handOverWithin)
+		}
+	default:
+		t.Errorf("the drained queue's first task, taken after them: %#v, want its turn within %v or handed to the parker", o, handOverWithin)
+	}
+}
+
 // enqueueTen enqueues 10 tasks of type typ in each of queues, with IDs
 // "<queue>-<n>".
 func enqueueTen(t *testing.T, typ string, queues ...string) {

@@ -73,6 +73,10 @@ func rateKey(queue string, bucket int64) string {
 // (backlog.go).
 func queueLines(queue string) string { return throttle.Key("sluice:backlog:", queue) }
 
+// handedKey lists the ids of queue's tasks that workers handed to the
+// parker unbooked (toParker), the first taken first; in the queue's slot.
+func handedKey(queue string) string { return throttle.Key("sluice:handed:", queue) }
+
 func backlogLineKey(queue, digest string) string { return queueLines(queue) + ":" + digest }
 
 // sharesKey holds a sharded queue's shares of its drain: which shards had

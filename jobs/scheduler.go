@@ -126,6 +126,7 @@ func NewScheduler(rdb redis.UniversalClient, asynqRedis asynq.RedisConnOpt, cfg 
 	s.waker = newWaker(deps, m)
 	s.parker = newParker(deps, s.booker)
 	s.parks = oneServer(rdb, queues)
+	s.booker.handsOver = s.parks
 	s.waker.moves = s.parks
 	s.rescuer = &orphanRescue{fleetDeps: deps, inspector: s.inspector}
 	s.rates = &rateRecorder{fleetDeps: deps}
@@ -466,6 +467,8 @@ booking:
 				return err
 			}
 			// Let out of its line, it books.
+		case toParker:
+			return s.handToParker(ctx, task)
 		default:
 			panic(fmt.Sprintf("jobs: process has no case for outcome %T", o)) // a new outcome must have one
 		}
@@ -526,6 +529,40 @@ booking:
 		return s.upstreamBusy(ctx, gs, task, busy)
 	}
 	return err
+}
+
+// handToParker sends task back to Redis unbooked, handed to the parker
+// (toParker): its id (its copy's, with no retry left) goes on the queue's
+// handed list, which the parker books before what its queue still has
+// pending (those were queued after it). asynq brings it back by itself
+// parkHold later should no parker book it; one that does notes it in the
+// wake set for its turn.
+func (s *Scheduler) handToParker(ctx context.Context, task taskRef) error {
+	id, done := task.id, error(&waitError{wait: parkHold})
+	if task.exhausted {
+		// With no retry left it goes back as a copy, as for any wait
+		// (requeue): the copy, unbooked, is the one handed over.
+		copyID, _, err := s.copyForLater(ctx, task, askAgainIn{parkHold})
+		if err != nil {
+			return s.waitInRedis(ctx, task, askAgainIn{redisRetry}) // its requeue tries again
+		}
+		id, done = copyID, asynq.RevokeTask
+	}
+	key := handedKey(task.queue)
+	pipe := s.queues.Pipeline()
+	pipe.RPush(ctx, key, id)
+	pipe.Expire(ctx, key, handedLife)
+	if _, err := pipe.Exec(ctx); err != nil {
+		s.booker.logRedisError(task.queue, err)
+		if task.exhausted {
+			return done // the copy is back by itself after parkHold
+		}
+		// Not handed: it asks again soon, as a task Redis failed.
+		return s.waitInRedis(ctx, task, askAgainIn{redisRetry})
+	}
+	s.parker.askHanded(task.queue)
+	s.metrics.throttled.WithLabelValues(task.queue, "requeued").Inc()
+	return done
 }
 
 // parkBehind has the tasks queued behind a fresh task that goes back to

@@ -288,7 +288,7 @@ func (s *Scheduler) requeue(ctx context.Context, task taskRef, w redisWait) (let
 	}
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		letOut, err := s.copyForLater(ctx, task, w)
+		_, letOut, err := s.copyForLater(ctx, task, w)
 		if letOut {
 			return true, nil
 		}
@@ -322,11 +322,11 @@ const maxCopyIDs = 8
 // the copy already made only if that task is provably it (same type,
 // payload, origin and hop); a producer may have chosen the id, and then the
 // copy takes the next one (<origin>~<hop>~2, ...).
-func (s *Scheduler) copyForLater(ctx context.Context, task taskRef, w redisWait) (letOut bool, err error) {
+func (s *Scheduler) copyForLater(ctx context.Context, task taskRef, w redisWait) (copyID string, letOut bool, err error) {
 	t, queue, id := task.t, task.queue, task.id
 	info, err := s.inspector.GetTaskInfo(queue, id)
 	if err != nil {
-		return false, err
+		return "", false, err
 	}
 	headers := maps.Clone(t.Headers())
 	if headers == nil {
@@ -341,7 +341,7 @@ func (s *Scheduler) copyForLater(ctx context.Context, task taskRef, w redisWait)
 	headers[headerOrigin] = origin
 	headers[headerHop] = strconv.Itoa(hop)
 	copied := asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers)
-	copyID := func(try int) string {
+	idOf := func(try int) string {
 		copyID := origin + "~" + strconv.Itoa(hop)
 		if try > 1 {
 			copyID += "~" + strconv.Itoa(try)
@@ -361,7 +361,7 @@ func (s *Scheduler) copyForLater(ctx context.Context, task taskRef, w redisWait)
 		// and an id taken by another task would move that task.
 		est, letOut, err := s.lineWait(ctx, queue, mode.spot)
 		if letOut {
-			return true, nil
+			return "", true, nil
 		}
 		wait = s.inLine(queue, id, est, err)
 		// Whether it was let out is asked now: once in the line, it
@@ -387,21 +387,21 @@ func (s *Scheduler) copyForLater(ctx context.Context, task taskRef, w redisWait)
 		opts = append(opts, asynq.Retention(info.Retention))
 	}
 	for try := 1; try <= maxCopyIDs; try++ {
-		copyID := copyID(try)
+		copyID := idOf(try)
 		_, err := s.client.EnqueueContext(ctx, copied, append(opts, asynq.TaskID(copyID))...)
 		if errors.Is(err, asynq.ErrTaskIDConflict) {
 			if s.isCopy(queue, copyID, copied) {
-				return false, nil // an earlier attempt, or an earlier run of this task, made it
+				return copyID, false, nil // an earlier attempt, or an earlier run of this task, made it
 			}
 			continue
 		}
 		if err != nil {
-			return false, err
+			return "", false, err
 		}
 		s.note(ctx, queue, copyID, w)
-		return false, nil
+		return copyID, false, nil
 	}
-	return false, fmt.Errorf("jobs: %d ids for the copy of task %s are taken by other tasks", maxCopyIDs, id)
+	return "", false, fmt.Errorf("jobs: %d ids for the copy of task %s are taken by other tasks", maxCopyIDs, id)
 }
 
 // isCopy reports whether task id of queue is provably want: the same type,
