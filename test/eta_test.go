@@ -204,8 +204,9 @@ queues:
 // the middle one -5% to +9% (2026-12-03 to 12-06). Now a fresh task whose
 // turn on a shared quota is further than 250 ms is handed to the parker
 // unbooked (jobs.toParker, TestFirstTakeLeavesASharedQuotaToTheParker),
-// which books the queues in turn: 8 runs on 2026-12-07, 3 of them beside
-// two CPU-bound processes, within +0.1 to +2.2% of the plan. The plan has
+// which books the queues in turn: 9 runs on 2026-12-07 (3 beside two
+// CPU-bound processes, 1 in the whole package), each queue 0 to 2.2% later
+// than the plan. The plan has
 // the quota busy all along. A plan 4 s into the run, from the backlog in
 // Redis (tasks booked, woken for their turn, pending), predicts what is
 // left of each queue within 5%.
