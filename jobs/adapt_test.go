@@ -478,6 +478,69 @@ func TestAdaptProbeAfterNarrowedSearch(t *testing.T) {
 	}
 }
 
+// TestAdaptKnownLimitInForce: a destination allows 2 calls a second, one
+// interval apart. Its rate held at 1.9/s, and a probe at 1.98/s, 2.0 in
+// force, was refused: the limit is known, and what the upstream saw was
+// 1.9 let through and 2.0 refused. The ceiling is halfway between those
+// two limits in force, 1.95, and the rate after the cut 95% of it, 1.9 in
+// force. Halfway between the controller's own rates, 1.9 and 1.98, was
+// 1.94, the rate 1.84, 1.8 in force: the destination of 2/s held 90% of
+// its limit for the rest of TestAdaptiveKeyedQuota (traced on 2026-12-07,
+// from this very state).
+func TestAdaptKnownLimitInForce(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	ctx := context.Background()
+	key := adaptKey(redistest.Queue(t, "known"))
+	now := time.Unix(1_800_000_000, 0).UnixMicro()
+	second := time.Second.Microseconds()
+	// The traced state a second after the probe's raise: the rate 1.98 (2
+	// in force), raised from 1.9 (held), the ceiling 2.0, the last cut 7 s
+	// ago, 2 successes in the last second.
+	if err := rdb.HSet(ctx, key, "r", "1.980000", "c", "1.999469", "at", now-second, "cut", now-7*second,
+		"pr", "1.900000", "l", "2", "g", now-second, "w", now-second/2, "s", 1, "sp", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := adaptScript.Run(ctx, rdb, []string{key}, now, 1, 100, 10, second, 1, 1, "0.000000", "0", 60, "1",
+		adaptEvery.Microseconds()).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply[2] != "slow down" || reply[4] != "1.9" {
+		t.Errorf("after the probe in force at 2.0 was refused, 1.9 having held: %q, rate %s, limit in force %s (ceiling %s); want a cut to 1.9 in force",
+			reply[2], reply[0], reply[4], reply[6])
+	}
+}
+
+// TestAdaptFewCallsProbeOnEvidence: at 2 calls a second a second's
+// success is 2 calls, too few to say a rate held: a probe went on to the
+// next step (2.0 to 2.2/s in force) before the upstream had answered more
+// than two calls at 2.0, which it refuses now and then (one interval
+// apart, calls a few ms late). A probe's next step waits 5 calls' time at
+// the rate it left (2.5 s at 2/s), or a second if longer. The controller
+// alone against a destination of 2/s (a burst of 1), the fleet sending at
+// the limit in force.
+func TestAdaptFewCallsProbeOnEvidence(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Client(t)
+	var last time.Duration
+	probes := 0
+	run := fewCalls{hidden: 2, length: 60 * time.Second, changed: func(c fewChange) {
+		if c.cause == "successes" && c.before >= 0.95*c.ceiling && c.ceiling > 0 {
+			probes++
+			if wait := time.Duration(5 / c.before * float64(time.Second)); c.at-last < wait-time.Millisecond {
+				t.Errorf("at %v: a probe step from %.2f to %.2f/s (ceiling %.2f) %v after the change before; want at least 5 calls' time, %v",
+					c.at, c.before, c.rate, c.ceiling, c.at-last, wait.Round(time.Millisecond))
+			}
+		}
+		last = c.at
+	}}
+	run.run(t, rdb)
+	if probes < 2 {
+		t.Fatalf("%d probe steps in 60 s, want some to check", probes)
+	}
+}
+
 // TestAdaptNoCreep: a quota whose rate is not used (8 successes a second
 // at a rate of 30) is not raised, however long the calls succeed; one that
 // is used is, at most once a second.
@@ -637,6 +700,16 @@ type fewCalls struct {
 	lag    time.Duration
 	seed   uint64
 	length time.Duration
+	// changed, if set, is told each change of the rate.
+	changed func(c fewChange)
+}
+
+// fewChange is one change of a fewCalls run's rate: when, the rate and
+// the rate before, the ceiling, the limit put in force, and why.
+type fewChange struct {
+	at                           time.Duration
+	rate, before, ceiling, limit float64
+	cause                        string
 }
 
 // run returns the successes and the 429s from 15 s on.
@@ -688,6 +761,13 @@ func (f fewCalls) run(t *testing.T, rdb redis.UniversalClient) (settledOK, settl
 			read, err := strconv.ParseFloat(reply[4], 64)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if f.changed != nil && reply[2] != "" {
+				c := fewChange{at: at, limit: read, cause: reply[2]}
+				c.rate, _ = strconv.ParseFloat(reply[0], 64)
+				c.before, _ = strconv.ParseFloat(reply[1], 64)
+				c.ceiling, _ = strconv.ParseFloat(reply[6], 64)
+				f.changed(c)
 			}
 			changes = append(changes, change{at + f.lag, read})
 			ok, busy = 0, 0

@@ -45,13 +45,15 @@
 --   `busyEnough` of it: an idle quota does not creep up), once a second:
 --   with no ceiling known, times growth; under 95% of the ceiling, half
 --   the way to it; past it, a probe that starts at 4% of the ceiling and
---   doubles each second (at most the ceiling), so a raised limit is found
+--   doubles each second, or each probeCalls calls' time if longer (at
+--   most the ceiling a step), so a raised limit is found
 --   in seconds and an unchanged one is passed by little. After a cut below
 --   a rate that held, the first probe waits `plateau` from the cut: the
 --   limit was where it was.
 -- * A probe that failed bounds the limit from above: the next probes go at
 --   most halfway to it. One that fails within `known` of the rate that
---   held makes the limit known: taken as halfway between the two, and
+--   held makes the limit known: taken as halfway between the two limits
+--   put in force, and
 --   probed past only after plateauCalls calls' time.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -66,6 +68,15 @@ local stated, low = tonumber(ARGV[8]), ARGV[9] == '1'
 local ttl = tonumber(ARGV[10])
 local fine = ARGV[11] == '1'
 local every = tonumber(ARGV[12]) or 0
+
+-- inForce is the limit put in force for a rate x: whole events per
+-- period, or tenths below 10 where fractions may be put in force (a rate
+-- of 2 rounded to 1 or 2 would be half the upstream's limit, or all of it
+-- and a 429 at every late call).
+local function inForce(x)
+  if fine and x < 10 then return math.max(0.1, math.floor(x * 10 + 0.5) / 10) end
+  return math.max(1, math.floor(x + 0.5))
+end
 
 local second = 1000000
 local beta, busyEnough, growth, settle = 0.7, 0.8, 1.25, 0.9
@@ -85,6 +96,10 @@ local plateau = 6 * second
 -- after each cut was one every dozen calls (issue 23's destinations of 2
 -- and 3/s).
 local plateauCalls = 100
+-- probeCalls: a probe's next step waits this many calls' time at the rate
+-- it leaves, or a second if longer (from 5 calls a second on): a rate is
+-- said to hold when none of these calls met a "slow down".
+local probeCalls = 5
 local known = 0.05
 -- near: the rate approaches this share of the ceiling quickly; past it,
 -- it probes.
@@ -190,9 +205,12 @@ elseif (busy > 0 or low) and now - cut >= second then
     r = math.min(r, math.max(beta * r, settle * ceiling))
     if probed and failed - held < known * held then
       -- The limit is known, within `known`: it is taken as halfway
-      -- between the rate that held and the probe that failed, the rate
-      -- goes back to just under it, and it is probed rarely.
-      ceiling = (held + failed) / 2
+      -- between the rate that held and the probe that failed, as the
+      -- upstream saw them (the limits in force: at 2/s, 1.9 held and 2.0
+      -- failed, where the rates were 1.9 and 1.98 and halfway between
+      -- them put 1.8 in force), the rate goes back to just under it, and
+      -- it is probed rarely.
+      ceiling = (inForce(held) + inForce(failed)) / 2
       probeAt = now + math.max(plateau, plateauCalls * period / held)
       r = near * ceiling
     end
@@ -206,7 +224,9 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
     r = r * growth
   elseif r < 0.999 * near * ceiling then -- (r is kept to 6 decimals)
     r = math.min(near * ceiling, r + math.max((near * ceiling - r) / 2, 0.01 * ceiling))
-  elseif now >= statedUntil and now >= probeAt then
+  elseif now >= statedUntil and now >= probeAt and now - at >= probeCalls * period / r then
+    -- (A step waits probeCalls calls' time at the rate it leaves: at 2/s a
+    -- second is two calls, too few to say the rate held.)
     if failed > 0 and failed - r < known * r then
       -- This rate held within `known` of the probe that failed: the bound
       -- is spent, and probes go as before (a limit that rose is found as
@@ -227,12 +247,7 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
   if r ~= before then cause, held = 'successes', before end
 end
 if cause ~= '' then at = now end
--- The limit in force: r in whole events per period, or in tenths below
--- 10 where fractions may be put in force (a rate of 2 rounded to 1 or 2
--- would be half the upstream's limit, or all of it and a 429 at every
--- late call).
-local rounded = math.max(1, math.floor(r + 0.5))
-if fine and r < 10 then rounded = math.max(0.1, math.floor(r * 10 + 0.5) / 10) end
+local rounded = inForce(r)
 if rounded ~= limit then limit, limitAt = rounded, now end
 local function num(x)
   if x == math.floor(x) then return int(x) end
