@@ -149,7 +149,9 @@ var keyedLimits = map[string]int{"d02": 2, "d03": 3, "d05": 5, "d07": 7, "d10": 
 // beside four CPU-bound processes, 2/s at 85% in 2 runs of 2; since a
 // known limit is taken from the limits in force and probe steps wait 5
 // calls' time, 5 runs (2 beside two CPU-bound processes): 2/s 88 to 92%,
-// 3/s 90 to 95%, 5/s 90 to 95%. Not always at the 85%:
+// 3/s 90 to 95%, 5/s 90 to 95%; beside four, 95 and 88% (the code before,
+// alternating: 88 and 95%); in the whole package, 82% (3/s 85%). Not
+// always at the 85%:
 // a probe of the controller at their limit is a 429, a lost turn and a
 // cut, and so is a call started late (docs/known-limits.md). All
 // of them less on a machine busy with other work: 67 to 79% below 10/s in
