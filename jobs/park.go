@@ -327,13 +327,15 @@ func (p *parker) parkBacklogs(ctx context.Context) (parked bool) {
 		b := pickBacklog(backlogs)
 		if b == nil {
 			// Tasks handed over since the last look are parked before the
-			// claim goes.
-			pending, handed := p.backlogged(ctx)
-			if len(handed) == 0 {
+			// claim goes, if any queue they were handed for can be parked
+			// (not one with fair shares since a live change: its list
+			// lapses by itself).
+			_, handed := p.backlogged(ctx)
+			joined := len(backlogs)
+			joinHanded(gs, handed)
+			if len(backlogs) == joined {
 				return true
 			}
-			joinHanded(gs, handed)
-			join(gs, pending, false)
 			looked = p.clock.Now()
 			continue
 		}

@@ -623,6 +623,37 @@ func TestFirstTakeLeavesASharedQuotaToTheParker(t *testing.T) {
 	}
 }
 
+// TestParkEndsWithHandedItCannotPark: tasks handed to the parker for a
+// queue it never parks (one with fair shares since a live change: its
+// tasks wait in their keys' lines) do not keep a parking going. It looked
+// again for handed tasks before letting its claim go, found that queue's
+// list, and looked again, for ever: the fleet's parking stopped.
+func TestParkEndsWithHandedItCannotPark(t *testing.T) {
+	t.Parallel()
+	fair, other := redistest.Queue(t, "fair"), redistest.Queue(t, "other")
+	api := redistest.Queue(t, "api")
+	drain := LimitConfig{Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}
+	s := newTestScheduler(t, Config{
+		Queues: map[string]QueueConfig{fair: {Drain: &drain, Fairness: &FairnessConfig{Key: "payload.t"}}, other: {}},
+		Quotas: map[string]LimitConfig{api: {Algorithm: "leaky_bucket", Limit: 10, Period: time.Second, Burst: 1}},
+		Tasks:  map[string]TaskConfig{"test:api": {Quotas: []string{api}}},
+	})
+	ctx := context.Background()
+	if err := s.rdb.RPush(ctx, handedKey(fair), "handed-before-the-change").Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		s.parker.parkBacklogs(ctx)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the parking still runs 5 s on, with nothing it can park: only a fair queue's handed list")
+	}
+}
+
 // enqueueTen enqueues 10 tasks of type typ in each of queues, with IDs
 // "<queue>-<n>".
 func enqueueTen(t *testing.T, typ string, queues ...string) {
