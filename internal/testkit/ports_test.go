@@ -37,3 +37,24 @@ func TestFreePortOutsideEphemeral(t *testing.T) {
 		ln.Close()
 	}
 }
+
+// TestFreePortNotRefusedByBrowsers: no port is handed out that a browser
+// refuses to load a page from: a worker's limits page on 6668 failed in
+// Chromium with net::ERR_UNSAFE_PORT.
+func TestFreePortNotRefusedByBrowsers(t *testing.T) {
+	for _, refused := range []int{2049, 5060, 6000, 6665, 6666, 6667, 6668, 6669, 6697, 10080} {
+		candidates := []int{refused, 7001}
+		port, release, err := reservePort(func() int {
+			p := candidates[0]
+			candidates = candidates[1:]
+			return p
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if port != 7001 {
+			t.Errorf("port %d handed out; browsers refuse it (net::ERR_UNSAFE_PORT)", port)
+		}
+	}
+}
