@@ -31,7 +31,7 @@
 --   goes above it.
 -- * "Slow down" (a 429 or 503, or an allowance nearly used up) cuts the
 --   rate to 90% (settle) of the ceiling, the rate before the last raise
---   (it held a second without a "slow down"; none known: the successes
+--   (it held a second without a "slow down" from any worker; none known: the successes
 --   of the last second, one more if 1 to fewCounted - 1), by beta at most. If the upstream
 --   refused a real share of the calls since the last cut (at least
 --   `refused` of them, and 5) within 3 s of it, its limit fell: the
@@ -46,15 +46,22 @@
 --   with no ceiling known, times growth; under 95% of the ceiling, half
 --   the way to it; past it, a probe that starts at 4% of the ceiling and
 --   doubles each second, or each probeCalls calls' time if longer (at
---   most the ceiling a step), so a raised limit is found
+--   most the ceiling a step, and at least the next limit up in force),
+--   so a raised limit is found
 --   in seconds and an unchanged one is passed by little. After a cut below
 --   a rate that held, the first probe waits `plateau` from the cut: the
 --   limit was where it was.
 -- * A probe that failed bounds the limit from above: the next probes go at
 --   most halfway to it. One that fails within `known` of the rate that
---   held makes the limit known: taken as halfway between the two limits
---   put in force, and
---   probed past only after plateauCalls calls' time.
+--   held, or one limit in force above it, makes the limit known: taken as
+--   halfway between the two limits put in force, and probed past only
+--   after plateauCalls calls' time.
+-- * Below 10 a period, where limits go in force by tenths (a tenth is 5%
+--   of 2/s), the upstream's view decides: a raise that put a higher limit
+--   in force than the rate that held is a probe, wherever the ceiling
+--   was, and a probe that failed goes back to the rate that held, the
+--   next step probeCalls calls' time later: a cut to 90% of it, 1.7/s at
+--   2/s, and the climb back took 10 s of TestAdaptiveKeyedQuota's measure.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 if not now then
@@ -76,6 +83,12 @@ local every = tonumber(ARGV[12]) or 0
 local function inForce(x)
   if fine and x < 10 then return math.max(0.1, math.floor(x * 10 + 0.5) / 10) end
   return math.max(1, math.floor(x + 0.5))
+end
+
+-- quantum is the step from the limit in force for x to the next one.
+local function quantum(x)
+  if fine and inForce(x) < 10 then return 0.1 end
+  return 1
 end
 
 local second = 1000000
@@ -111,7 +124,7 @@ local function clamp(x)
   return x
 end
 
-local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g', 'sb', 'pr', 'pa', 'fp', 'sf', 'bf')
+local h = redis.call('HMGET', key, 'r', 'c', 'at', 'cut', 'sc', 'k', 'w', 's', 'sp', 'st', 'l', 'g', 'sb', 'pr', 'pa', 'fp', 'sf', 'bf', 'lb')
 local r = clamp(tonumber(h[1]) or start)
 local ceiling = tonumber(h[2]) or 0
 local at = tonumber(h[3]) or 0      -- last change
@@ -128,6 +141,7 @@ local sinceBusy = tonumber(h[13]) or 0 -- calls refused since the last cut
 local held = tonumber(h[14]) or 0 -- the rate before the last raise: it held a second without a 429
 local probeAt = tonumber(h[15]) or 0 -- no probe past the ceiling before
 local failed = tonumber(h[16]) or 0 -- the last probe that failed, while the limit lies between it and the ceiling
+local lastBusy = tonumber(h[19]) or 0 -- the last report of a "slow down", from any worker
 local sinceFresh = tonumber(h[17]) or 0 -- successes reported from `every` after the last cut on (see below)
 local busyFresh = tonumber(h[18]) or 0 -- and calls refused
 
@@ -158,7 +172,10 @@ if stated > 0 then
 elseif (busy > 0 or low) and now - cut >= second then
   -- A probe: the rate was raised past `near` of the ceiling it had (a
   -- rate held there that meets a "slow down" met a limit that fell).
-  local probed = held > 0 and ceiling > 0 and r > near * ceiling * 1.000001 -- (r and the ceiling are kept to 6 decimals)
+  -- In tenths, any raise that put a higher limit in force is one (an
+  -- approach to 95% of a measured ceiling of 2.1 put 2.0 in force).
+  local probed = held > 0 and ceiling > 0 and (r > near * ceiling * 1.000001 -- (r and the ceiling are kept to 6 decimals)
+    or quantum(r) < 1 and inForce(r) > inForce(held))
   -- With no rate held since the last cut, the ceiling is what got through
   -- over the last second; of a few events (1 to fewCounted - 1), give or
   -- take the one such a count is known to, the upper end, as a measured
@@ -202,9 +219,19 @@ elseif (busy > 0 or low) and now - cut >= second then
       -- probes wait plateauCalls calls' time.
       failed = r
     end
-    r = math.min(r, math.max(beta * r, settle * ceiling))
-    if probed and failed - held < known * held then
-      -- The limit is known, within `known`: it is taken as halfway
+    if probed and quantum(held) < 1 then
+      -- In tenths, back to the rate that held: it held probeCalls calls
+      -- at least, and an upstream that allows so few calls lets few
+      -- through as a burst to hide a rate above its limit.
+      r = held
+      probeAt = now + math.max(second, probeCalls * period / held)
+    else
+      r = math.min(r, math.max(beta * r, settle * ceiling))
+    end
+    if probed and (failed - held < known * held or inForce(failed) - inForce(held) <= quantum(held) * 1.001) then
+      -- The limit is known, within `known` or to one limit in force (at
+      -- 2/s, 1.9 held and 2.0 failed: no limit lies between to try, and
+      -- the 5% between them was over `known`): it is taken as halfway
       -- between the rate that held and the probe that failed, as the
       -- upstream saw them (the limits in force: at 2/s, 1.9 held and 2.0
       -- failed, where the rates were 1.9 and 1.98 and halfway between
@@ -219,11 +246,17 @@ elseif (busy > 0 or low) and now - cut >= second then
   cut, sinceCut, sinceBusy, sinceFresh, busyFresh, k, held = now, 0, 0, 0, 0, 0, 0
   cause = 'slow down'
   if busy == 0 then cause = 'allowance low' end
-elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and recent + period / second >= busyEnough * r then
+-- A raise needs a second with no "slow down" from any worker: one
+-- worker's report with none, a second after a cut, raised a rate that the
+-- 429s in the others' reports since (counted by that cut) said was too
+-- high (2.4 to 2.5/s at 2/s, 2026-12-07).
+elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and now - lastBusy >= second and recent + period / second >= busyEnough * r then
   if ceiling <= 0 then
     r = r * growth
   elseif r < 0.999 * near * ceiling then -- (r is kept to 6 decimals)
     r = math.min(near * ceiling, r + math.max((near * ceiling - r) / 2, 0.01 * ceiling))
+    -- The last steps of the approach change no limit in force: taken at once.
+    if inForce(r) == inForce(near * ceiling) then r = near * ceiling end
   elseif now >= statedUntil and now >= probeAt and now - at >= probeCalls * period / r then
     -- (A step waits probeCalls calls' time at the rate it leaves: at 2/s a
     -- second is two calls, too few to say the rate held.)
@@ -240,13 +273,16 @@ elseif ok > 0 and busy == 0 and now - at >= second and now - cut >= second and r
     if failed > 0 then
       step = math.min(step, (failed - r) / 2) -- halfway to the probe that failed
     end
-    r = r + step
+    -- A step puts the next limit up in force at least: one that rounds
+    -- back to the limit in force would be said to hold untested.
+    r = math.max(r + step, inForce(r) + 0.6 * quantum(r))
     k = k + 1
   end
   r = clamp(r)
   if r ~= before then cause, held = 'successes', before end
 end
 if cause ~= '' then at = now end
+if busy > 0 or low then lastBusy = now end
 local rounded = inForce(r)
 if rounded ~= limit then limit, limitAt = rounded, now end
 local function num(x)
@@ -256,7 +292,7 @@ end
 
 redis.call('HSET', key, 'r', string.format('%.6f', r), 'c', string.format('%.6f', ceiling), 'at', int(at), 'cut', int(cut),
   'sc', int(sinceCut), 'sf', int(sinceFresh), 'bf', int(busyFresh), 'sb', int(sinceBusy), 'pr', string.format('%.6f', held), 'pa', int(probeAt), 'fp', string.format('%.6f', failed), 'k', int(k), 'w', int(w), 's', int(s), 'sp', int(sp), 'st', int(statedUntil),
-  'l', num(limit), 'g', int(limitAt))
+  'l', num(limit), 'g', int(limitAt), 'lb', int(lastBusy))
 redis.call('EXPIRE', key, ttl)
 return {string.format('%.6f', r), string.format('%.6f', before), cause, string.format('%.6f', recent), num(limit), int(limitAt),
   string.format('%.6f', ceiling)}

@@ -132,33 +132,15 @@ var keyedLimits = map[string]int{"d02": 2, "d03": 3, "d05": 5, "d07": 7, "d10": 
 // 1 to 100/s per destination, starting at 10 (the static keyed quota of
 // issue 23's measurement: 28.5% of all calls 429, the large destinations
 // at a quarter of their limits), against an API that allows each
-// destination its own hidden rate, 2/s to 40/s, for 35 s: at most 3% of
-// all calls answered 429, and from 15 s on each destination of 7/s and
-// more at least 85% of its hidden limit (issue 23's line; measured 1.6
-// to 1.8%, and 94 to 101%). The destinations of 2 to 5/s, which the API
-// lets through only one call an interval apart (a burst of 1), at least
-// 65%: since a measure from few successes takes one more (2026-12-07),
-// 10 runs, 3 of them beside two CPU-bound processes: 2/s 82 to 92% (below
-// 85 once), 3/s 87 to 92%, 5/s 88 to 93% (before it, 4 runs of the same
-// day: 2/s 80 to 88%, 3/s 80 to 92%); since a cut's ceiling with no rate
-// held takes one more event where it counted 1 to 4, 9 quiet runs (6 of a
-// first version): 2/s 85 to 92%, 3/s 88 to 93%, 5/s 88 to 95%; since a
-// narrowed search's spent bound probes from its first step again, 6 runs
-// (2 beside two CPU-bound processes): 2/s 88 to 90%, 3/s 90 to 95%, 5/s
-// 92 to 93%; in the whole package as make test runs it, 92, 88 and 92%;
-// beside four CPU-bound processes, 2/s at 85% in 2 runs of 2; since a
-// known limit is taken from the limits in force and probe steps wait 5
-// calls' time, 5 runs (2 beside two CPU-bound processes): 2/s 88 to 92%,
-// 3/s 90 to 95%, 5/s 90 to 95%; beside four, 95 and 88% (the code before,
-// alternating: 88 and 95%); in the whole package, 82% (3/s 85%). Not
-// always at the issue's 85%:
-// a probe of the controller at their limit is a 429, a lost turn and a
-// cut, and so is a call started late (docs/known-limits.md). All
-// of them less on a machine busy with other work: 67 to 79% below 10/s in
-// a run beside a benchmark, and 2/s at 70% in a full make test run on a
-// slow machine (its end-to-end package took 335 s, not 266 to 290): there
-// a few calls start tens of ms after their turns, and at a burst of 1 the
-// next call, on time, is a 429 (docs/known-limits.md).
+// destination its own hidden rate, 2/s to 40/s, for 35 s (the destinations
+// below 10/s one call an interval apart, a burst of 1): at most 3% of all
+// calls answered 429, and from 15 s on each destination at least 85% of
+// its hidden limit (issue 23's lines). Until the controller judged limits
+// in tenths as the upstream saw them (2026-12-07, jobs'
+// TestAdaptTenthsAsTheUpstreamSaw), the destinations of 2 to 5/s were held
+// to 65% here: 2/s used 82 to 95% (82% in a run of the whole package), 3/s
+// 85 to 95%. Since: 2/s 92 to 95%, 3/s 93 to 97%, 5/s 91 to 95% in 6 runs
+// (2 beside four CPU-bound processes), 429s 1.7 to 1.9% of all calls.
 // enqueue status --keys shows each destination's learned rate, the small
 // destinations' below the large ones'; no task lost, archived, failed or
 // got through twice.
@@ -183,12 +165,8 @@ func TestAdaptiveKeyedQuota(t *testing.T) {
 	calls, busy := 0, 0
 	for _, s := range hiddenlimit.StatsByKey(res.Calls, keyedLimits, run, settle) {
 		t.Logf("%s: limit %d/s, %d calls, %d 429s, %.2f successes/s after %v (%.0f%%)", s.Key, s.Limit, s.Calls, s.Busy, s.Settled, settle, 100*s.SettledShare)
-		want := 0.85
-		if s.Limit < 7 {
-			want = 0.65
-		}
-		if s.SettledShare < want {
-			t.Errorf("%s: %.2f successes/s after %v, %.0f%% of its hidden %d/s; want >= %.0f%%", s.Key, s.Settled, settle, 100*s.SettledShare, s.Limit, 100*want)
+		if s.SettledShare < 0.85 {
+			t.Errorf("%s: %.2f successes/s after %v, %.0f%% of its hidden %d/s; want >= 85%%", s.Key, s.Settled, settle, 100*s.SettledShare, s.Limit)
 		}
 		calls += s.Calls
 		busy += s.Busy
