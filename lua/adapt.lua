@@ -60,8 +60,9 @@
 --   of 2/s), the upstream's view decides: a raise that put a higher limit
 --   in force than the rate that held is a probe, wherever the ceiling
 --   was, and a probe that failed goes back to the rate that held, the
---   next step probeCalls calls' time later: a cut to 90% of it, 1.7/s at
---   2/s, and the climb back took 10 s of TestAdaptiveKeyedQuota's measure.
+--   next step probeCalls calls' time later (a cut to 90% of it put 1.7/s
+--   in force at 2/s, and the climb back took 10 s of
+--   TestAdaptiveKeyedQuota's measure).
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 if not now then
@@ -214,7 +215,8 @@ elseif (busy > 0 or low) and now - cut >= second then
     if held > 0 then probeAt = now + plateau end
     if probed then
       -- A probe failed: the limit lies between the rate that held and
-      -- this one. The next probes halve that gap, a plateau apart; once it
+      -- this one. The next probes halve that gap, a plateau apart (in
+      -- tenths, probeCalls calls' time apart: see below); once it
       -- is under `known` of the rate that held, the limit is known and
       -- probes wait plateauCalls calls' time.
       failed = r
